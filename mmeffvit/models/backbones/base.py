@@ -1,0 +1,149 @@
+"""Behaviour every mmeffvit backbone shares: stage freezing, ``norm_eval``, pretrained loading."""
+import copy
+
+import torch.nn as nn
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...utils import load_checkpoint_file, unknown_choice_error, unwrap_state_dict
+
+
+def resolve_arch(arch, arch_settings, aliases=None, required=()):
+    """Turn an ``arch`` name (or a dict of settings) into a settings dict.
+
+    Unknown names raise a ``KeyError`` that lists the valid ones, closest first.
+    """
+    if isinstance(arch, str):
+        key = (aliases or {}).get(arch.lower(), arch.lower())
+        if key not in arch_settings:
+            raise unknown_choice_error('arch', arch,
+                                       list(arch_settings) + list(aliases or {}))
+        return copy.deepcopy(arch_settings[key])
+    if not isinstance(arch, dict):
+        raise TypeError(f'arch must be a str or a dict, got {type(arch).__name__}')
+    missing = set(required) - set(arch)
+    if missing:
+        raise ValueError(f'a custom arch dict needs the keys {sorted(required)}; '
+                         f'missing {sorted(missing)}')
+    return copy.deepcopy(arch)
+
+
+class EffBackbone(BaseModule):
+    """Base class of mmeffvit's dense-prediction backbones.
+
+    Subclasses build their layers, then call :meth:`_freeze_stages`, and implement
+    :meth:`stage_modules` (what ``frozen_stages`` freezes) and optionally :meth:`convert_weights`
+    (official checkpoint → this model's names and sizes).
+
+    Conventions follow mmdet's Swin: ``frozen_stages=-1`` freezes nothing, ``0`` freezes the stem
+    (patch embedding) only, ``k >= 1`` the stem and the first ``k`` stages, each in eval mode with
+    ``requires_grad=False``. ``norm_eval=True`` keeps BatchNorm layers in eval mode (running
+    statistics frozen) during training; it has no effect on LayerNorm.
+
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` accepts OpenMMLab checkpoints and the
+    official releases (weights under ``'model'``), resizes resolution-bound tensors and reports
+    missing and unexpected keys. A missing file is a warning, not an error, so the configs' first
+    command also runs before the ImageNet weights are downloaded.
+    """
+
+    #: random initialisation used when ``init_cfg`` is None (and when a pretrained file is missing)
+    default_init_cfg = [
+        dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
+        dict(type='Constant', layer=['LayerNorm', 'GroupNorm', '_BatchNorm'], val=1., bias=0.),
+    ]
+
+    def __init__(self, frozen_stages=-1, norm_eval=False, init_cfg=None):
+        if init_cfg is None:
+            init_cfg = copy.deepcopy(self.default_init_cfg)
+        super().__init__(init_cfg=init_cfg)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+
+    # -- freezing ----------------------------------------------------------------------------
+    def stage_modules(self, index):
+        """Modules (and parameters) of stage ``index`` (0-based); ``-1`` means the stem."""
+        raise NotImplementedError
+
+    @property
+    def num_stages(self):
+        raise NotImplementedError
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        if self.frozen_stages > self.num_stages:
+            raise ValueError(f'frozen_stages={self.frozen_stages} but the model has '
+                             f'{self.num_stages} stages')
+        for index in range(-1, self.frozen_stages):
+            for item in self.stage_modules(index):
+                if isinstance(item, nn.Module):
+                    item.eval()
+                    for p in item.parameters():
+                        p.requires_grad = False
+                elif item is not None:
+                    item.requires_grad = False
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    # -- pretrained weights ------------------------------------------------------------------
+    def convert_weights(self, state_dict):
+        """Map a checkpoint's weights onto this model (rename, drop heads, resize). Identity."""
+        return state_dict
+
+    def init_random_extras(self):
+        """Initialise what ``init_cfg`` layer rules cannot reach (e.g. position embeddings)."""
+
+    def _init_random(self):
+        super().init_weights()
+        self.init_random_extras()
+
+    def init_weights(self):
+        cfg = self.init_cfg
+        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
+            self._init_random()
+            return
+        path = cfg.get('checkpoint')
+        if path is None:
+            raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
+        if '://' in str(path):
+            from mmengine.runner import CheckpointLoader
+            ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+        else:
+            try:
+                ckpt = load_checkpoint_file(path)
+            except FileNotFoundError:
+                print_log(
+                    f'{type(self).__name__}: pretrained checkpoint {path} not found; the backbone '
+                    'keeps its random initialisation (expect much lower accuracy). Download the '
+                    'official ImageNet weights to that path, or set model.backbone.init_cfg=None '
+                    'to train from scratch without this warning.', logger='current', level=30)
+                self.init_cfg = copy.deepcopy(self.default_init_cfg)
+                self._init_random()
+                return
+        state_dict = self.convert_weights(unwrap_state_dict(ckpt))
+        prefix = cfg.get('prefix')
+        if prefix:
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        own = self.state_dict()
+        mismatched = [k for k, v in state_dict.items() if k in own and own[k].shape != v.shape]
+        if mismatched:
+            details = ', '.join(f'{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}'
+                                for k in mismatched[:8])
+            raise RuntimeError(f'{type(self).__name__}: checkpoint {path} does not fit this '
+                               f'architecture: {details}')
+        result = self.load_state_dict(state_dict, strict=False)
+        if not state_dict or len(result.missing_keys) == len(own):
+            raise RuntimeError(f'{type(self).__name__}: no weight of {path} matches this model '
+                               f'(first keys: {list(state_dict)[:5]})')
+        print_log(f'{type(self).__name__}: loaded {len(state_dict) - len(result.unexpected_keys)} '
+                  f'tensors from {path}; missing: {result.missing_keys or "none"}; '
+                  f'unexpected: {result.unexpected_keys or "none"}', logger='current')
+        self._is_init = True

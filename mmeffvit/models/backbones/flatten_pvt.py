@@ -1,0 +1,249 @@
+"""FLatten-PVT: PVT (v1) with focused linear attention (FLatten Transformer, ICCV 2023, sec. 5)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model.weight_init import trunc_normal_
+from timm.layers import DropPath, Mlp
+
+from ...registry import register_model
+from ...utils import resize_token_grid, square_side
+from ..layers import FocusedLinearAttention, SpatialReductionAttention
+from .base import EffBackbone, resolve_arch
+
+# widths shared by every FLatten-PVT variant (official flatten_pvt_* factories)
+_PVT_WIDTHS = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4])
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patch embedding ``Conv(k=s=patch) + LayerNorm`` (PVT v1).
+
+    Inputs whose size is not a multiple of the patch are zero-padded at the bottom/right first,
+    so a map of ``H×W`` always gives ``ceil(H/p)×ceil(W/p)`` tokens (the official code drops the
+    remainder, which breaks stride alignment with FPN for odd sizes).
+    """
+
+    def __init__(self, in_channels, embed_dims, patch_size):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dims)
+
+    def forward(self, x):
+        p = self.patch_size
+        pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x)
+        hw = x.shape[-2:]
+        return self.norm(x.flatten(2).transpose(1, 2)), (int(hw[0]), int(hw[1]))
+
+
+class FLattenPVTBlock(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
+
+    ``attn_type='L'`` uses :class:`FocusedLinearAttention`, ``'S'`` PVT's softmax
+    :class:`SpatialReductionAttention` (the official ``attn_type`` string per stage).
+    """
+
+    def __init__(self, embed_dims, num_heads, mlp_ratio, attn_type='L', pe_size=None, sr_ratio=1,
+                 qkv_bias=True, focusing_factor=3, kernel_size=5, drop_rate=0., drop_path=0.,
+                 norm_eps=1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        if attn_type == 'L':
+            self.attn = FocusedLinearAttention(
+                embed_dims, num_heads, pe_size=pe_size, qkv_bias=qkv_bias,
+                focusing_factor=focusing_factor, kernel_size=kernel_size, sr_ratio=sr_ratio,
+                proj_drop=drop_rate)
+        elif attn_type == 'S':
+            self.attn = SpatialReductionAttention(
+                embed_dims, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, proj_drop=drop_rate)
+        else:
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
+
+    def forward(self, x, hw_shape):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+@register_model
+class FLattenPVT(EffBackbone):
+    """FLatten-PVT backbone (FLatten Transformer, Han et al., ICCV 2023, sec. 5.1, Table 2).
+
+    PVT v1 (four stages of non-overlapping patch embeddings, learnable absolute position
+    embeddings per stage) with focused linear attention in every block (``attn_types='LLLL'``,
+    no spatial reduction: the released configuration). Parameter names follow the official code
+    (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}.{j}.attn.q/kv/proj/scale/
+    positional_encoding/dwc``) so the official ImageNet checkpoints load directly.
+
+    Dense prediction: any input size works. Position embeddings are stored for
+    ``pretrain_img_size`` and resized bilinearly to each stage's runtime grid (as the official
+    forward does), each attention's positional encoding likewise (see
+    :class:`FocusedLinearAttention`). The classification-only final ``norm`` and ``head`` are
+    not built; outputs are the stage maps ``(B, C_i, H/4·2^i, W/4·2^i)`` selected by
+    ``out_indices``.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'medium'``, ``'large'`` (or ``t/s/m/l``),
+            or a dict with ``embed_dims``, ``num_heads``, ``mlp_ratios``, ``depths`` and
+            optionally ``sr_ratios``, ``attn_types``.
+        in_channels (int): Input channels.
+        pretrain_img_size (int | tuple): Resolution the position tensors are stored for.
+        patch_sizes (tuple[int]): Patch size of each stage's embedding.
+        qkv_bias (bool): Bias of q/k/v projections.
+        focusing_factor (float): Focusing power p.
+        kernel_size (int): Kernel of the rank-restoring depthwise conv.
+        drop_rate (float): Dropout rate.
+        drop_path_rate (float): Stochastic depth, increasing linearly over all blocks.
+        out_indices (Sequence[int]): Stages to output (0-based).
+        frozen_stages (int): See :class:`EffBackbone`.
+        norm_eval (bool): See :class:`EffBackbone`.
+        init_cfg (dict | list, optional): Initialisation; ``dict(type='Pretrained',
+            checkpoint=...)`` loads official or OpenMMLab checkpoints.
+
+    Example:
+        >>> import torch
+        >>> from mmeffvit.models import FLattenPVT
+        >>> model = FLattenPVT(arch='tiny').eval()
+        >>> outs = model(torch.rand(1, 3, 333, 517))
+        >>> [tuple(o.shape) for o in outs]
+        [(1, 64, 84, 130), (1, 128, 42, 65), (1, 320, 21, 33), (1, 512, 11, 17)]
+    """
+
+    arch_settings = {
+        'tiny': dict(_PVT_WIDTHS, depths=[2, 2, 2, 2]),
+        'small': dict(_PVT_WIDTHS, depths=[3, 4, 6, 3]),
+        'medium': dict(_PVT_WIDTHS, depths=[3, 4, 18, 3]),
+        'large': dict(_PVT_WIDTHS, depths=[3, 8, 27, 3]),
+    }
+    arch_aliases = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'large'}
+
+    def __init__(self,
+                 arch='tiny',
+                 in_channels=3,
+                 pretrain_img_size=224,
+                 patch_sizes=(4, 2, 2, 2),
+                 qkv_bias=True,
+                 focusing_factor=3,
+                 kernel_size=5,
+                 drop_rate=0.,
+                 drop_path_rate=0.1,
+                 out_indices=(0, 1, 2, 3),
+                 frozen_stages=-1,
+                 norm_eval=False,
+                 init_cfg=None):
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
+                            required=('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
+        num = len(arch['depths'])
+        sr_ratios = arch.get('sr_ratios', [1] * num)
+        attn_types = arch.get('attn_types', 'L' * num)
+        for name in ('embed_dims', 'num_heads', 'mlp_ratios'):
+            if len(arch[name]) != num:
+                raise ValueError(f'arch {name} has {len(arch[name])} entries for {num} stages')
+        if len(patch_sizes) != num or len(sr_ratios) != num or len(attn_types) != num:
+            raise ValueError('patch_sizes, sr_ratios and attn_types need one entry per stage')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < num for i in out_indices):
+            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
+                             f'got {out_indices}')
+        if isinstance(pretrain_img_size, int):
+            pretrain_img_size = (pretrain_img_size, pretrain_img_size)
+
+        self.arch = arch
+        self.embed_dims = list(arch['embed_dims'])
+        self.depths = list(arch['depths'])
+        self.out_indices = out_indices
+        self._num_stages = num
+        dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+
+        grid = list(pretrain_img_size)
+        self.pos_grids = []
+        prev = in_channels
+        for i in range(num):
+            grid = [g // patch_sizes[i] for g in grid]
+            self.pos_grids.append(tuple(grid))
+            dims = self.embed_dims[i]
+            setattr(self, f'patch_embed{i + 1}', PatchEmbed(prev, dims, patch_sizes[i]))
+            pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], dims))
+            setattr(self, f'pos_embed{i + 1}', pos)
+            setattr(self, f'pos_drop{i + 1}', nn.Dropout(drop_rate))
+            # keys are reduced by sr for 'L' blocks too, so their encoding lives on that grid
+            pe_grid = tuple(g // sr_ratios[i] for g in grid)
+            start = sum(self.depths[:i])
+            setattr(self, f'block{i + 1}', nn.ModuleList([
+                FLattenPVTBlock(dims, arch['num_heads'][i], arch['mlp_ratios'][i],
+                                attn_type=attn_types[i], pe_size=pe_grid, sr_ratio=sr_ratios[i],
+                                qkv_bias=qkv_bias, focusing_factor=focusing_factor,
+                                kernel_size=kernel_size, drop_rate=drop_rate,
+                                drop_path=dpr[start + j]) for j in range(self.depths[i])
+            ]))
+            prev = dims
+        self._freeze_stages()
+
+    @property
+    def num_stages(self):
+        return self._num_stages
+
+    def stage_modules(self, index):
+        if index < 0:
+            return [self.patch_embed1, self.pos_embed1]
+        stage = index + 1
+        mods = [getattr(self, f'block{stage}'), getattr(self, f'pos_embed{stage}')]
+        if stage > 1:
+            mods.append(getattr(self, f'patch_embed{stage}'))
+        return mods
+
+    def init_random_extras(self):
+        for i in range(self.num_stages):
+            trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
+
+    def convert_weights(self, state_dict):
+        """Official FLatten-PVT (or PVT) weights → this model: drop the classifier and resize.
+
+        Drops ``head.*`` and the unused final ``norm.*``; resizes ``pos_embed{i}`` and every
+        ``positional_encoding`` to this model's ``pretrain_img_size`` grids (bicubic, square
+        source grids as in every release).
+        """
+        own = self.state_dict()
+        out = {}
+        for key, value in state_dict.items():
+            if key.startswith(('head.', 'norm.')):
+                continue
+            target = own.get(key)
+            if (target is not None and target.shape != value.shape and value.dim() == 3
+                    and key.endswith(('positional_encoding', ) + tuple(
+                        f'pos_embed{i + 1}' for i in range(self.num_stages)))):
+                if key.startswith('pos_embed') and value.shape[1] == target.shape[1] + 1:
+                    value = value[:, :-1]  # original PVT v1 keeps a cls slot in stage 4
+                side = square_side(value.shape[1], key)
+                dst = self._grid_of(key, target.shape[1])
+                value = resize_token_grid(value, (side, side), dst, mode='bicubic')
+            out[key] = value
+        return out
+
+    def _grid_of(self, key, num_tokens):
+        if key.startswith('pos_embed'):
+            return self.pos_grids[int(key[len('pos_embed'):]) - 1]
+        stage = int(key.split('.')[0][len('block'):])
+        grid = getattr(self, f'block{stage}')[0].attn.pe_size
+        assert grid[0] * grid[1] == num_tokens
+        return grid
+
+    def forward(self, x):
+        b = x.shape[0]
+        outs = []
+        for i in range(self.num_stages):
+            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            pos = resize_token_grid(getattr(self, f'pos_embed{i + 1}'), self.pos_grids[i], hw,
+                                    mode='bilinear')
+            x = getattr(self, f'pos_drop{i + 1}')(x + pos)
+            for blk in getattr(self, f'block{i + 1}'):
+                x = blk(x, hw)
+            x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)

@@ -1,0 +1,176 @@
+"""Focused linear attention (FLatten Transformer, Han et al., ICCV 2023, sec. 4)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+
+from ...utils import at_least_fp32, resize_token_grid
+
+
+def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
+    """Focused kernel φ_p of FLatten (sec. 4.1, eq. 5-6), computed in fp32.
+
+    ``relu(x) + eps`` keeps every entry positive, a learnable per-channel ``softplus(scale)``
+    divides it, then ``f_p(t) = ||t|| * t**p / ||t**p||`` sharpens the direction while keeping the
+    norm. The norms run over **all** channels of a token (heads together), as the official code.
+
+    Args:
+        x (Tensor): ``(..., C)`` queries or keys, any float dtype.
+        scale (Tensor): ``(1, 1, C)`` raw scale parameter (softplus is applied here).
+        focusing_factor (float): The power p.
+        eps (float): Added after the ReLU.
+
+    Returns:
+        Tensor: fp32 (fp64 for fp64 input) tensor of the shape of ``x``.
+    """
+    x = (F.relu(at_least_fp32(x)) + eps) / F.softplus(at_least_fp32(scale))
+    x_norm = x.norm(dim=-1, keepdim=True)
+    x_pow = x.pow(focusing_factor)
+    return x_pow * (x_norm / x_pow.norm(dim=-1, keepdim=True))
+
+
+def kv_first_linear_attention(q, k, v, eps=1e-6):
+    """Linear attention ``o_i = Σ_j (q_i·k_j) v_j / (Σ_j q_i·k_j + n·eps)`` without an N×n matrix.
+
+    Uses the mean-normalised form of the official May 2024 fix: ``K^T V / n`` and
+    ``1 / (q·mean(k) + eps)``, which keeps every intermediate O(1) in size (the unnormalised sums
+    overflowed in fp16).
+
+    Args:
+        q (Tensor): ``(B, h, N, d)`` mapped queries.
+        k (Tensor): ``(B, h, n, d)`` mapped keys.
+        v (Tensor): ``(B, h, n, d)`` values.
+
+    Returns:
+        Tensor: ``(B, h, N, d)``.
+    """
+    n = k.shape[-2]
+    z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + eps)
+    kv = (k.transpose(-2, -1) * n ** -0.5) @ (v * n ** -0.5)
+    return (q @ kv) * z
+
+
+class FocusedLinearAttention(BaseModule):
+    """Focused linear attention with depthwise-conv rank restoration (FLatten, sec. 4).
+
+    ``O = φ_p(Q) (φ_p(K)^T V) / normaliser + DWC(V)`` followed by the output projection. The
+    depthwise K×K conv on V restores the rank lost by linear attention (sec. 4.2, eq. 9); as in the
+    official code one d-channel kernel set is shared by all heads. A learnable positional encoding
+    is added to K before the kernel. The official module stores it for the 224² training grid only
+    and fails at any other size; here it is resized (bicubic by default) to the runtime key grid,
+    which is exact when the sizes match.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads h; C must be divisible by h.
+        pe_size (tuple[int, int] | None): Key grid ``(H, W)`` for which the positional encoding is
+            stored (the pre-training resolution of the stage). None disables it.
+        qkv_bias (bool): Bias of the q/k/v projections.
+        focusing_factor (float): The power p of the focusing function (3 in all released models).
+        kernel_size (int): Size of the depthwise conv on V (5 in all released models).
+        sr_ratio (int): Spatial reduction of keys/values as PVT (1 = none, the released setting).
+            With sr > 1 the DWC runs on the reduced grid and is upsampled bilinearly to the query
+            grid (the official code interpolates the flattened 1-D token sequence instead, which
+            mixes rows; the 2-D resize is the choice made here).
+        qkv_layout (str): ``'q_kv'`` (separate ``q`` and ``kv`` linears, PVT naming) or ``'qkv'``
+            (one fused ``qkv`` linear, Swin/CSWin naming). Only changes parameter names.
+        proj_drop (float): Dropout after the output projection.
+        pe_interpolation (str): Mode used to resize the positional encoding.
+        init_cfg (dict, optional): Initialisation config.
+    """
+
+    def __init__(self,
+                 embed_dims,
+                 num_heads,
+                 pe_size=None,
+                 qkv_bias=True,
+                 focusing_factor=3,
+                 kernel_size=5,
+                 sr_ratio=1,
+                 qkv_layout='q_kv',
+                 proj_drop=0.,
+                 pe_interpolation='bicubic',
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        if qkv_layout not in ('q_kv', 'qkv'):
+            raise ValueError(f"qkv_layout must be 'q_kv' or 'qkv', got {qkv_layout!r}")
+        if qkv_layout == 'qkv' and sr_ratio > 1:
+            raise ValueError("sr_ratio > 1 needs qkv_layout='q_kv' (keys come from reduced tokens)")
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.focusing_factor = focusing_factor
+        self.sr_ratio = sr_ratio
+        self.qkv_layout = qkv_layout
+        self.pe_interpolation = pe_interpolation
+
+        if qkv_layout == 'qkv':
+            self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+            self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.dwc = nn.Conv2d(self.head_dims, self.head_dims, kernel_size, padding=kernel_size // 2,
+                             groups=self.head_dims)
+        # zero init: softplus(0) = ln 2, and an all-zero positional encoding (official init)
+        self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        if pe_size is not None:
+            self.pe_size = tuple(pe_size)
+            self.positional_encoding = nn.Parameter(
+                torch.zeros(1, self.pe_size[0] * self.pe_size[1], embed_dims))
+        else:
+            self.pe_size = None
+            self.register_parameter('positional_encoding', None)
+
+    def _project(self, x, hw_shape):
+        """q ``(B, N, C)`` and k, v ``(B, n, C)`` with the key grid ``(h, w)``."""
+        if self.qkv_layout == 'qkv':
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            return q, k, v, hw_shape
+        q = self.q(x)
+        if self.sr_ratio > 1:
+            b, n, c = x.shape
+            grid = x.transpose(1, 2).reshape(b, c, *hw_shape)
+            grid = self.sr(grid)
+            kv_hw = grid.shape[-2:]
+            x = self.norm(grid.flatten(2).transpose(1, 2))
+        else:
+            kv_hw = hw_shape
+        k, v = self.kv(x).chunk(2, dim=-1)
+        return q, k, v, tuple(kv_hw)
+
+    def forward(self, x, hw_shape):
+        """Args: x ``(B, H*W, C)`` tokens, hw_shape ``(H, W)``. Returns ``(B, H*W, C)``."""
+        b, n, c = x.shape
+        if n != hw_shape[0] * hw_shape[1]:
+            raise ValueError(f'{n} tokens do not match hw_shape {tuple(hw_shape)}')
+        q, k, v, kv_hw = self._project(x, hw_shape)
+        if self.positional_encoding is not None:
+            k = k + resize_token_grid(self.positional_encoding, self.pe_size, kv_hw,
+                                      self.pe_interpolation)
+        h, d = self.num_heads, self.head_dims
+
+        def heads(t):
+            return t.reshape(b, -1, h, d).transpose(1, 2)
+
+        # the focusing power and the attention sums stay in fp32 under autocast
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            qf = focus_feature_map(q, self.scale, self.focusing_factor)
+            kf = focus_feature_map(k, self.scale, self.focusing_factor)
+            out = kv_first_linear_attention(heads(qf), heads(kf), heads(at_least_fp32(v)))
+        out = out.transpose(1, 2).reshape(b, n, c).to(x.dtype)
+
+        # rank restoration: depthwise conv on V, one kernel set shared by every head
+        v_grid = heads(v).reshape(b * h, *kv_hw, d).permute(0, 3, 1, 2)
+        dwc = self.dwc(v_grid)
+        if tuple(kv_hw) != tuple(hw_shape):
+            dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
+        dwc = dwc.reshape(b, h, d, n).permute(0, 3, 1, 2).reshape(b, n, c)
+        out = out + dwc.to(out.dtype)
+        return self.proj_drop(self.proj(out))
