@@ -99,9 +99,12 @@ EOF
 fi
 
 ensure toolboxes
+ensure tools
+ensure tools-nodeps --no-deps
 
 # ---- mmeffvit ----------------------------------------------------------------------------------
-if [ -z "${MMEFFVIT_REBUILD:-}" ] && "$py" - "$here/mmeffvit" <<'EOF' 2>/dev/null
+# checked from / so that the current directory cannot make an uninstalled checkout importable
+if [ -z "${MMEFFVIT_REBUILD:-}" ] && (cd / && "$py" - "$here/mmeffvit") <<'EOF' 2>/dev/null
 import os, sys, mmeffvit
 sys.exit(os.path.realpath(os.path.dirname(mmeffvit.__file__)) != os.path.realpath(sys.argv[1]))
 EOF

@@ -1,10 +1,15 @@
 """Checkpoint loading that works with torch >= 2.6 and with official (non-OpenMMLab) layouts.
 
-torch >= 2.6 unpickles with ``weights_only=True`` by default. mmengine 0.10.7 checkpoints store a
-``HistoryBuffer`` (numpy arrays inside) in their message hub, so ``--resume``, ``tools/test.py`` and
-the toolboxes' own test scripts fail to load them. :func:`allow_mmengine_checkpoints` adds exactly
-the classes such checkpoints contain to torch's allow-list; it runs when mmeffvit is imported,
-which every config does through ``custom_imports`` before any checkpoint is read.
+torch >= 2.6 unpickles with ``weights_only=True`` by default. mmengine 0.10.7 checkpoints store
+``HistoryBuffer`` objects (numpy arrays, and bound statistics methods pickled through
+``builtins.getattr``) in their message hub, so ``--resume``, ``tools/test.py``, ``load_from``,
+``init_cfg=Pretrained`` and the toolboxes' own test scripts all fail to read them.
+:func:`allow_mmengine_checkpoints` runs when mmeffvit is imported (every config imports it through
+``custom_imports`` before any checkpoint is read) and makes mmengine's local-file loader use
+:func:`load_checkpoint_file`: the safe loader first, with the harmless numpy/HistoryBuffer classes
+allow-listed; a full unpickle only when every refused global is one that mmengine's own runner
+writes (``getattr`` cannot be allow-listed safely, so such files are trusted as mmengine trusted
+them before torch 2.6); anything else is refused with an explanation.
 """
 import os
 import pickle
@@ -32,21 +37,43 @@ def _numpy_globals():
     return found
 
 
+# what mmengine's runner pickles besides tensors (numpy.dtypes.*DType classes are matched apart)
+_RUNNER_GLOBALS = {
+    'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr', 'numpy.dtype',
+    'numpy.ndarray', 'numpy._core.multiarray._reconstruct', 'numpy.core.multiarray._reconstruct',
+    'numpy._core.multiarray.scalar', 'numpy.core.multiarray.scalar'
+}
+
+
+def _written_by_mmengine(unsupported):
+    return all(g in _RUNNER_GLOBALS or g.startswith('numpy.dtypes.') for g in unsupported)
+
+
+def _mmengine_local_loader(filename, map_location=None):
+    """Replacement of mmengine's loader for local paths (same contract: path, map_location)."""
+    filename = os.path.expanduser(filename)
+    if not os.path.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    return load_checkpoint_file(filename, map_location=map_location, trust=False)
+
+
 def allow_mmengine_checkpoints():
-    """Allow-list the non-tensor objects that mmengine's runner writes into checkpoints."""
+    """Make checkpoints written by mmengine's runner loadable under torch >= 2.6 (idempotent)."""
     from mmengine.logging.history_buffer import HistoryBuffer
-    safe = [HistoryBuffer] + _numpy_globals()
-    torch.serialization.add_safe_globals(safe)
+    from mmengine.runner.checkpoint import CheckpointLoader
+    torch.serialization.add_safe_globals([HistoryBuffer] + _numpy_globals())
+    CheckpointLoader.register_scheme(prefixes='', loader=_mmengine_local_loader, force=True)
 
 
 def load_checkpoint_file(path, map_location='cpu', trust=True):
-    """Load a checkpoint file with clear errors for missing and corrupt files.
+    """Load a checkpoint file with clear errors for missing, corrupt and unsafe files.
 
     Args:
         path (str): Local file path.
         map_location: Passed to :func:`torch.load`.
-        trust (bool): Whether the file may be unpickled in full when the safe loader refuses it
-            (official training files hold yacs/argparse objects). A warning names the reason.
+        trust (bool): Whether the file may be unpickled in full when the safe loader refuses
+            objects other than those mmengine's runner writes (official training files hold
+            yacs/argparse objects). A warning names what was refused.
 
     Returns:
         The unpickled object.
@@ -59,12 +86,19 @@ def load_checkpoint_file(path, map_location='cpu', trust=True):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        # only a refused global (yacs/argparse objects in official files) is worth a full load
-        if not trust or 'Unsupported global' not in str(err):
+        if 'Unsupported global' not in str(err):
             raise _corrupt(path, err) from err
-        print_log(f'{path} holds objects beyond tensors ({_first_unsupported(err)}); loading it '
-                  'with weights_only=False because it was given as a trusted local file',
-                  logger='current', level=30)
+        refused = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        if not _written_by_mmengine(refused):
+            if not trust:
+                raise pickle.UnpicklingError(
+                    f'{path} holds objects that the safe loader refuses: {sorted(refused)}. '
+                    'Only load it if you trust its source: save its weights as a plain state dict, '
+                    'or pass it as init_cfg=dict(type="Pretrained", ...) of an mmeffvit backbone '
+                    '(which trusts the local files it is given).') from err
+            print_log(f'{path} holds objects beyond tensors ({sorted(refused)}); loading it with '
+                      'weights_only=False because it was given as a trusted local file',
+                      logger='current', level=30)
         try:
             return torch.load(path, map_location=map_location, weights_only=False)
         except corrupt as err2:
@@ -76,11 +110,6 @@ def load_checkpoint_file(path, map_location='cpu', trust=True):
 def _corrupt(path, err):
     return RuntimeError(f'checkpoint {path} is corrupt or truncated and cannot be read '
                         f'({type(err).__name__}: {str(err).splitlines()[0]})')
-
-
-def _first_unsupported(err):
-    lines = [ln for ln in str(err).splitlines() if 'Unsupported global' in ln]
-    return lines[0].strip() if lines else 'unsupported objects'
 
 
 def unwrap_state_dict(ckpt):
