@@ -150,6 +150,8 @@ def test_two_process_distributed_training(shapes, tmp_path):
     work = str(tmp_path / 'dist')
     out = run(['bash', 'tools/dist_train.sh', DET_CFG, '2', '--work-dir', work, '--cfg-options']
               + det_options(shapes, 2), env=dict(PORT=free_port()))
-    assert 'Distributed launcher: pytorch' in out or 'launcher: pytorch' in out
-    assert 'world_size: 2' in out or 'World size: 2' in out
+    # mmengine's environment report: two ranks joined one gloo group
+    for line in ('Distributed launcher: pytorch', 'Distributed training: True', 'GPU number: 2',
+                 "'backend': 'gloo'"):
+        assert line in out, line
     assert osp.isfile(osp.join(work, 'iter_2.pth'))
