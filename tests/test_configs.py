@@ -1,0 +1,80 @@
+"""Every config builds in its toolbox, runs a forward pass and computes its losses."""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+
+import mmeffvit  # noqa: F401
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
+CONFIGS = [c for c in CONFIGS if '/_base_/' not in c]
+
+
+def load(path):
+    cfg = Config.fromfile(path)
+    # no ImageNet weights in tests; the Pretrained path is covered by test_flatten_pvt
+    cfg.model.backbone.init_cfg = None
+    return cfg
+
+
+def det_losses(cfg):
+    from mmdet.registry import MODELS
+    from mmdet.testing import demo_mm_inputs
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    num_classes = cfg.model.roi_head.bbox_head.num_classes if 'roi_head' in cfg.model \
+        else cfg.model.bbox_head.num_classes
+    packed = demo_mm_inputs(2, [[3, 133, 181], [3, 160, 121]], num_items=[3, 0],
+                            num_classes=num_classes, with_mask=True)
+    data = model.data_preprocessor(packed, training=True)
+    return model, model(**data, mode='loss')
+
+
+def seg_losses(cfg):
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmengine.structures import PixelData
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    size = cfg.model.data_preprocessor.size
+    samples = []
+    for h, w in [(size[0], size[1]), (size[0] - 13, size[1] - 7)]:
+        sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+        label = torch.randint(0, cfg.model.decode_head.num_classes, (1, h, w))
+        label[:, :5] = 255  # some ignored pixels
+        sample.gt_sem_seg = PixelData(data=label)
+        samples.append(sample)
+    packed = dict(inputs=[torch.randint(0, 255, (3, s.img_shape[0], s.img_shape[1]),
+                                        dtype=torch.uint8) for s in samples],
+                  data_samples=samples)
+    data = model.data_preprocessor(packed, training=True)
+    return model, model(**data, mode='loss')
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=[osp.relpath(c, ROOT) for c in CONFIGS])
+def test_config_builds_and_computes_losses(path):
+    cfg = load(path)
+    scope = cfg.default_scope
+    init_default_scope(scope)
+    if scope == 'mmdet':
+        model, losses = det_losses(cfg)
+        assert {'loss_rpn_cls', 'loss_cls', 'loss_bbox'} <= set(losses) or 'loss_cls' in losses
+    elif scope == 'mmseg':
+        model, losses = seg_losses(cfg)
+        assert 'decode.loss_ce' in losses
+    else:
+        pytest.fail(f'unexpected default_scope {scope}')
+    total, log_vars = model.parse_losses(losses)
+    assert torch.isfinite(total)
+    total.backward()
+    backbone_grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+    assert all(g is not None for g in backbone_grads), 'a backbone parameter got no gradient'
+
+
+def test_both_main_configs_are_present():
+    names = {osp.basename(c) for c in CONFIGS}
+    assert {'mask_rcnn_flatten_pvt_t_1x.py', 'fpn_flatten_pvt_t_80k_ade20k.py'} <= names
