@@ -128,3 +128,17 @@ def test_errors_are_clear():
     attn = FocusedLinearAttention(8, 2)
     with pytest.raises(ValueError, match='hw_shape'):
         attn(torch.randn(1, 10, 8), (3, 4))
+
+
+def test_attend_without_projections_matches_full_module():
+    """qkv_layout=None (CSWin style): same math when the caller projects q, k, v itself."""
+    full = make_attn('qkv')
+    bare = FocusedLinearAttention(12, 2, pe_size=(4, 5), qkv_layout=None, kernel_size=3).double()
+    bare.load_state_dict({k: v for k, v in full.state_dict().items()
+                          if not k.startswith(('qkv', 'proj'))})
+    assert not hasattr(bare, 'proj') and not hasattr(bare, 'qkv')
+    x = torch.randn(2, 20, 12, dtype=torch.float64)
+    q, k, v = full.qkv(x).chunk(3, -1)
+    torch.testing.assert_close(full.proj(bare.attend(q, k, v, (4, 5))), full(x, (4, 5)))
+    with pytest.raises(RuntimeError, match='attend'):
+        bare(x, (4, 5))

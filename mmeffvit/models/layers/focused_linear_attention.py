@@ -72,8 +72,10 @@ class FocusedLinearAttention(BaseModule):
             With sr > 1 the DWC runs on the reduced grid and is upsampled bilinearly to the query
             grid (the official code interpolates the flattened 1-D token sequence instead, which
             mixes rows; the 2-D resize is the choice made here).
-        qkv_layout (str): ``'q_kv'`` (separate ``q`` and ``kv`` linears, PVT naming) or ``'qkv'``
-            (one fused ``qkv`` linear, Swin/CSWin naming). Only changes parameter names.
+        qkv_layout (str | None): ``'q_kv'`` (separate ``q`` and ``kv`` linears, PVT naming),
+            ``'qkv'`` (one fused ``qkv`` linear, Swin naming), or None: no projections and no
+            output ``proj`` at all, for callers that project themselves and call
+            :meth:`attend` (CSWin keeps ``qkv`` and ``proj`` in its block).
         proj_drop (float): Dropout after the output projection.
         pe_interpolation (str): Mode used to resize the positional encoding.
         init_cfg (dict, optional): Initialisation config.
@@ -94,9 +96,9 @@ class FocusedLinearAttention(BaseModule):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
-        if qkv_layout not in ('q_kv', 'qkv'):
-            raise ValueError(f"qkv_layout must be 'q_kv' or 'qkv', got {qkv_layout!r}")
-        if qkv_layout == 'qkv' and sr_ratio > 1:
+        if qkv_layout not in ('q_kv', 'qkv', None):
+            raise ValueError(f"qkv_layout must be 'q_kv', 'qkv' or None, got {qkv_layout!r}")
+        if qkv_layout != 'q_kv' and sr_ratio > 1:
             raise ValueError("sr_ratio > 1 needs qkv_layout='q_kv' (keys come from reduced tokens)")
         self.embed_dims = embed_dims
         self.num_heads = num_heads
@@ -108,14 +110,15 @@ class FocusedLinearAttention(BaseModule):
 
         if qkv_layout == 'qkv':
             self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
-        else:
+        elif qkv_layout == 'q_kv':
             self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
             self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(embed_dims)
-        self.proj = nn.Linear(embed_dims, embed_dims)
-        self.proj_drop = nn.Dropout(proj_drop)
+        if qkv_layout is not None:
+            self.proj = nn.Linear(embed_dims, embed_dims)
+            self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = nn.Conv2d(self.head_dims, self.head_dims, kernel_size, padding=kernel_size // 2,
                              groups=self.head_dims)
         # zero init: softplus(0) = ln 2, and an all-zero positional encoding (official init)
@@ -147,10 +150,27 @@ class FocusedLinearAttention(BaseModule):
 
     def forward(self, x, hw_shape):
         """Args: x ``(B, H*W, C)`` tokens, hw_shape ``(H, W)``. Returns ``(B, H*W, C)``."""
-        b, n, c = x.shape
+        if self.qkv_layout is None:
+            raise RuntimeError("qkv_layout=None: project q, k, v yourself and call attend()")
+        n = x.shape[1]
         if n != hw_shape[0] * hw_shape[1]:
             raise ValueError(f'{n} tokens do not match hw_shape {tuple(hw_shape)}')
         q, k, v, kv_hw = self._project(x, hw_shape)
+        return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
+
+    def attend(self, q, k, v, hw_shape, kv_hw=None):
+        """Focused linear attention plus DWC on projected tokens, before any output projection.
+
+        Args:
+            q (Tensor): ``(B, H*W, C)`` queries on the grid ``hw_shape``.
+            k, v (Tensor): ``(B, h*w, C)`` keys and values on the grid ``kv_hw``
+                (default ``hw_shape``); the positional encoding is added to ``k`` here.
+
+        Returns:
+            Tensor: ``(B, H*W, C)`` in the dtype of ``q``.
+        """
+        kv_hw = tuple(hw_shape if kv_hw is None else kv_hw)
+        b, n, c = q.shape
         if self.positional_encoding is not None:
             k = k + resize_token_grid(self.positional_encoding, self.pe_size, kv_hw,
                                       self.pe_interpolation)
@@ -160,17 +180,16 @@ class FocusedLinearAttention(BaseModule):
             return t.reshape(b, -1, h, d).transpose(1, 2)
 
         # the focusing power and the attention sums stay in fp32 under autocast
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with torch.autocast(device_type=q.device.type, enabled=False):
             qf = focus_feature_map(q, self.scale, self.focusing_factor)
             kf = focus_feature_map(k, self.scale, self.focusing_factor)
             out = kv_first_linear_attention(heads(qf), heads(kf), heads(at_least_fp32(v)))
-        out = out.transpose(1, 2).reshape(b, n, c).to(x.dtype)
+        out = out.transpose(1, 2).reshape(b, n, c).to(q.dtype)
 
         # rank restoration: depthwise conv on V, one kernel set shared by every head
         v_grid = heads(v).reshape(b * h, *kv_hw, d).permute(0, 3, 1, 2)
         dwc = self.dwc(v_grid)
-        if tuple(kv_hw) != tuple(hw_shape):
+        if kv_hw != tuple(hw_shape):
             dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
         dwc = dwc.reshape(b, h, d, n).permute(0, 3, 1, 2).reshape(b, n, c)
-        out = out + dwc.to(out.dtype)
-        return self.proj_drop(self.proj(out))
+        return out + dwc.to(out.dtype)
