@@ -1,6 +1,6 @@
 # Semantic FPN with a FLatten-PVT-T backbone, ADE20K 512x512, 80k iterations.
 # Recipe of PVT's segmentation experiments: AdamW lr 1e-4, weight decay 1e-4, poly decay with
-# power 0.9, batch 16 (4 GPUs x 4 images). Data in the standard layout data/ade/ADEChallengeData2016/.
+# power 0.9, batch 16 (4 GPUs x 4 images). Data: data/ade/ADEChallengeData2016/ (standard layout).
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py',
     'mmseg::_base_/datasets/ade20k.py',

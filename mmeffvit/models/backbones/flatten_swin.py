@@ -1,0 +1,474 @@
+"""FLatten-Swin: Swin Transformer with focused linear attention (FLatten, ICCV 2023, sec. 5.1)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model.weight_init import trunc_normal_
+from timm.layers import DropPath, Mlp
+
+from ...registry import register_model
+from ...utils import resize_token_grid, square_side
+from ..layers import FocusedLinearAttention
+from .base import EffBackbone, resolve_arch
+
+#: additive logit given to key/query pairs of one shifted window that come from different
+#: regions of the map (Swin's value: negligible after the softmax, finite in fp16/bf16)
+SHIFT_MASK_VALUE = -100.0
+
+
+def relative_position_index(window, table_window=None):
+    """Index of every (query, key) pair of a ``window×window`` window into a bias table.
+
+    The table holds one row per relative offset ``(dy, dx)`` with ``|dy|, |dx| < table_window``,
+    row-major over ``(dy + W - 1, dx + W - 1)`` with ``W = table_window`` (Swin, sec. 3.2).
+    ``window < table_window`` addresses the central part of a larger table.
+
+    Returns:
+        LongTensor: ``(window², window²)``.
+    """
+    big = window if table_window is None else table_window
+    if window > big:
+        raise ValueError(f'window {window} is larger than the bias table window {big}')
+    ys, xs = torch.meshgrid(torch.arange(window), torch.arange(window), indexing='ij')
+    ys, xs = ys.flatten(), xs.flatten()
+    dy = ys[:, None] - ys[None, :] + big - 1
+    dx = xs[:, None] - xs[None, :] + big - 1
+    return dy * (2 * big - 1) + dx
+
+
+def shifted_window_mask(height, width, window, shift, device=None):
+    """Additive mask ``(num_windows, window², window²)`` of shifted-window attention.
+
+    After the cyclic shift by ``-shift`` of the padded ``height×width`` map, its last ``shift``
+    rows are the rows wrapped around from the top, which share the last row of windows with
+    rows from the bottom. Rows of the shifted map are labelled by strip (``[0, H-w)``,
+    ``[H-w, H-s)``, ``[H-s, H)``), columns likewise, and pairs of tokens whose (row, column)
+    labels differ get :data:`SHIFT_MASK_VALUE`.
+    """
+
+    def strips(size):
+        label = torch.zeros(size, dtype=torch.long, device=device)
+        label[size - window:] = 1
+        label[size - shift:] = 2
+        return label
+
+    region = strips(height)[:, None] * 3 + strips(width)[None, :]
+    region = region.view(height // window, window, width // window, window)
+    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)
+    differs = region[:, :, None] != region[:, None, :]
+    return differs.float() * SHIFT_MASK_VALUE
+
+
+class WindowMSA(nn.Module):
+    """Softmax self-attention inside windows with a relative position bias (Swin, sec. 3.2).
+
+    The ``'S'`` attention of FLatten-Swin, unchanged from Swin. Parameter and buffer names
+    (``qkv``, ``proj``, ``relative_position_bias_table``, ``relative_position_index``) are the
+    official ones so the released checkpoints load.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads h.
+        window_size (int): Window side w the bias table is built for, ``(2w-1)² × h``.
+        qkv_bias (bool): Bias of the fused q/k/v projection.
+        attn_drop (float): Dropout on the attention weights.
+        proj_drop (float): Dropout after the output projection.
+    """
+
+    def __init__(self, embed_dims, num_heads, window_size, qkv_bias=True, attn_drop=0.,
+                 proj_drop=0.):
+        super().__init__()
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.qk_scale = (embed_dims // num_heads) ** -0.5
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size - 1) ** 2, num_heads))
+        self.register_buffer('relative_position_index', relative_position_index(window_size))
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def relative_bias(self, window):
+        """``(h, window², window²)`` bias for a window of side ``window`` (≤ the table's)."""
+        if window == self.window_size:
+            index = self.relative_position_index
+        else:
+            index = relative_position_index(window, self.window_size).to(
+                self.relative_position_bias_table.device)
+        bias = self.relative_position_bias_table[index.reshape(-1)]
+        return bias.reshape(window * window, window * window, -1).permute(2, 0, 1)
+
+    def forward(self, x, window, mask=None):
+        """Args: x ``(B·nW, w², C)`` window tokens; mask ``(nW, w², w²)`` or None."""
+        bw, n, c = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(x).reshape(bw, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * self.qk_scale) @ k.transpose(-2, -1)
+        attn = attn + self.relative_bias(window).unsqueeze(0)
+        if mask is not None:
+            nw = mask.shape[0]
+            attn = attn.view(bw // nw, nw, h, n, n) + mask[None, :, None].to(attn.dtype)
+            attn = attn.view(bw, h, n, n)
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(bw, n, c)
+        return self.proj_drop(self.proj(out))
+
+
+class FLattenSwinBlock(nn.Module):
+    """Pre-norm Swin block whose attention is focused linear (``'L'``) or windowed (``'S'``).
+
+    ``'L'``: :class:`FocusedLinearAttention` over the **whole** stage map (the official models
+    use a window equal to the 224² (384²) stage map, i.e. global attention without shift); its
+    positional encoding is stored for ``pe_size`` and resized to the runtime map.
+
+    ``'S'``: :class:`WindowMSA` on ``window_size`` windows, cyclically shifted by ``shift_size``
+    (odd blocks). The normalised map is zero-padded at the bottom/right to window multiples, the
+    shift masks are built for the padded size at run time, and the result is cropped back
+    (mmdet's Swin). With ``official_window_rule`` a map whose shorter side is ``≤ window_size``
+    uses one window of that side and no shift, as the official (fixed-size) code decides at
+    construction.
+    """
+
+    def __init__(self, embed_dims, num_heads, attn_type='L', window_size=7, shift_size=0,
+                 pe_size=None, mlp_ratio=4., qkv_bias=True, focusing_factor=3, kernel_size=5,
+                 drop_rate=0., attn_drop_rate=0., drop_path=0., official_window_rule=False):
+        super().__init__()
+        if attn_type not in ('L', 'S'):
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        if not 0 <= shift_size < window_size:
+            raise ValueError(f'shift_size {shift_size} must lie in [0, window_size={window_size})')
+        self.attn_type = attn_type
+        self.window_size = window_size
+        self.shift_size = shift_size
+        self.official_window_rule = official_window_rule
+        self.norm1 = nn.LayerNorm(embed_dims)
+        if attn_type == 'L':
+            self.attn = FocusedLinearAttention(
+                embed_dims, num_heads, pe_size=pe_size, qkv_bias=qkv_bias,
+                focusing_factor=focusing_factor, kernel_size=kernel_size, qkv_layout='qkv',
+                proj_drop=drop_rate)
+        else:
+            self.attn = WindowMSA(embed_dims, num_heads, window_size, qkv_bias=qkv_bias,
+                                  attn_drop=attn_drop_rate, proj_drop=drop_rate)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(embed_dims)
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
+
+    def window_and_shift(self, hw_shape):
+        """The (window, shift) used on a map of ``hw_shape``."""
+        if self.official_window_rule and min(hw_shape) <= self.window_size:
+            return min(hw_shape), 0
+        return self.window_size, self.shift_size
+
+    def shifted_window_attention(self, x, hw_shape):
+        b, n, c = x.shape
+        height, width = hw_shape
+        window, shift = self.window_and_shift(hw_shape)
+        x = x.view(b, height, width, c)
+        pad_b, pad_r = (-height) % window, (-width) % window
+        if pad_b or pad_r:
+            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+        hp, wp = height + pad_b, width + pad_r
+        mask = None
+        if shift:
+            x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+            mask = shifted_window_mask(hp, wp, window, shift, device=x.device)
+        gh, gw = hp // window, wp // window
+        windows = x.view(b, gh, window, gw, window, c).permute(0, 1, 3, 2, 4, 5)
+        out = self.attn(windows.reshape(-1, window * window, c), window, mask)
+        x = out.view(b, gh, gw, window, window, c).permute(0, 1, 3, 2, 4, 5)
+        x = x.reshape(b, hp, wp, c)
+        if shift:
+            x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
+        return x[:, :height, :width].reshape(b, n, c)
+
+    def forward(self, x, hw_shape):
+        y = self.norm1(x)
+        if self.attn_type == 'L':
+            y = self.attn(y, hw_shape)
+        else:
+            y = self.shifted_window_attention(y, hw_shape)
+        x = x + self.drop_path(y)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class PatchEmbed(nn.Module):
+    """``Conv(k=s=patch)`` then LayerNorm; the input is zero-padded to patch multiples first."""
+
+    def __init__(self, in_channels, embed_dims, patch_size, norm=True):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
+
+    def forward(self, x):
+        p = self.patch_size
+        pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x)
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        return self.norm(x.flatten(2).transpose(1, 2)), hw
+
+
+class PatchMerging(nn.Module):
+    """2×2 neighbours concatenated, ``LayerNorm(4C)``, ``Linear(4C, 2C, bias=False)`` (Swin).
+
+    The concatenation order is the official one: (even row, even col), (odd row, even col),
+    (even row, odd col), (odd row, odd col). Odd sizes get a zero row/column at the
+    bottom/right, so ``H×W`` becomes ``ceil(H/2)×ceil(W/2)``.
+    """
+
+    def __init__(self, embed_dims):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * embed_dims)
+        self.reduction = nn.Linear(4 * embed_dims, 2 * embed_dims, bias=False)
+
+    def forward(self, x, hw_shape):
+        b, _, c = x.shape
+        height, width = hw_shape
+        x = x.view(b, height, width, c)
+        if height % 2 or width % 2:
+            x = F.pad(x, (0, 0, 0, width % 2, 0, height % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+        hw = (int(x.shape[1]), int(x.shape[2]))
+        return self.reduction(self.norm(x.reshape(b, -1, 4 * c))), hw
+
+
+class FLattenSwinStage(nn.Module):
+    """One stage: ``blocks`` then the optional ``downsample`` (official ``BasicLayer`` names)."""
+
+    def __init__(self, blocks, downsample=None):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+
+@register_model
+class FLattenSwin(EffBackbone):
+    """FLatten-Swin backbone (FLatten Transformer, Han et al., ICCV 2023, sec. 5.1, Fig. 1/5).
+
+    Swin Transformer whose first two stages use focused linear attention (sec. 4, eq. 5-9) and
+    whose last two keep Swin's shifted-window softmax attention (``attn_type='LLSS'``, the
+    released models). Parameter names follow the official code (``patch_embed.proj/norm``,
+    ``layers.i.blocks.j.{norm1,attn.*,norm2,mlp.fc1,mlp.fc2}``, ``layers.i.downsample.
+    {norm,reduction}``), so the official ImageNet checkpoints load directly.
+
+    Dense prediction (any ``H×W``; the official code only runs at its training size):
+
+    - ``'L'`` stages attend globally over the whole stage map, as the official models do at
+      224² (their window equals the 56×56 / 28×28 map, no shift). Each ``positional_encoding``
+      is stored for the ``pretrain_img_size`` stage grid and resized bicubically to the runtime
+      map (exact at the pre-training size).
+    - ``'S'`` stages: ``window_size`` windows, shift ``window_size // 2`` on odd blocks, input
+      padded to window multiples with masks computed for the padded size, cropped back. Like
+      mmdet's Swin the window is kept even when a map is smaller than it (default
+      ``official_window_rule=False``). The official code instead uses one window of the map's
+      size and no shift when the map side is ``≤ window_size``, which at 224² (384²) affects
+      stage 4 (7×7, 12×12); ``official_window_rule=True`` reproduces the official classifier's
+      features exactly at its training resolution.
+    - Odd sizes: the image is padded to patch multiples and patch merging pads odd maps, so a
+      ``H×W`` input gives ``ceil(H/4)×ceil(W/4)``, then halved (ceil) per stage.
+    - Outputs ``(B, C·2^i, ·, ·)`` for ``out_indices`` pass through LayerNorms ``norm{i}`` (as
+      mmdet's Swin). They are not in the official checkpoints: loading one reports them as
+      missing keys, which is expected. The classification ``norm`` and ``head`` are not built.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or a dict with
+            ``embed_dims`` (int, stage-1 width), ``depths`` and ``num_heads``.
+        in_channels (int): Input channels.
+        pretrain_img_size (int | tuple): Resolution the positional encodings are stored for
+            (224, or 384 for the fine-tuned Swin-B: then also ``window_size=12``).
+        patch_size (int): Patch size of the stem.
+        window_size (int): Window of the ``'S'`` stages (official: 7 at 224, 12 at 384).
+        mlp_ratio (float): MLP hidden ratio.
+        qkv_bias (bool): Bias of the q/k/v projections.
+        attn_type (str): One letter per stage, ``'L'`` (focused linear) or ``'S'`` (window).
+        focusing_factor (float): Focusing power p of FLA.
+        kernel_size (int): Kernel of FLA's depthwise conv.
+        drop_rate (float): Dropout after the patch embedding, projections and MLPs.
+        attn_drop_rate (float): Dropout on the softmax attention weights.
+        drop_path_rate (float): Stochastic depth, increasing linearly over all blocks. Default
+            0.1 as the official constructor; its ImageNet recipes use 0.2 / 0.3 / 0.5 for
+            T / S / B, the configs use Swin's downstream values (mmdet / mmseg).
+        official_window_rule (bool): See above.
+        out_indices (Sequence[int]): Stages to output (0-based).
+        frozen_stages (int): See :class:`EffBackbone`; stage i includes its downsample and
+            ``norm{i}``.
+        norm_eval (bool): See :class:`EffBackbone`.
+        with_cp (bool): Gradient checkpointing of every block (saves memory, costs time).
+        init_cfg (dict | list, optional): ``dict(type='Pretrained', checkpoint=...)`` loads
+            official or OpenMMLab checkpoints.
+
+    Example:
+        >>> import torch
+        >>> from mmeffvit.models import FLattenSwin
+        >>> model = FLattenSwin(arch='tiny').eval()
+        >>> outs = model(torch.rand(1, 3, 333, 517))
+        >>> [tuple(o.shape) for o in outs]
+        [(1, 96, 84, 130), (1, 192, 42, 65), (1, 384, 21, 33), (1, 768, 11, 17)]
+    """
+
+    arch_settings = {
+        'tiny': dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24]),
+        'small': dict(embed_dims=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24]),
+        'base': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
+    }
+    arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+
+    def __init__(self,
+                 arch='tiny',
+                 in_channels=3,
+                 pretrain_img_size=224,
+                 patch_size=4,
+                 window_size=7,
+                 mlp_ratio=4.,
+                 qkv_bias=True,
+                 attn_type='LLSS',
+                 focusing_factor=3,
+                 kernel_size=5,
+                 drop_rate=0.,
+                 attn_drop_rate=0.,
+                 drop_path_rate=0.1,
+                 official_window_rule=False,
+                 out_indices=(0, 1, 2, 3),
+                 frozen_stages=-1,
+                 norm_eval=False,
+                 with_cp=False,
+                 init_cfg=None):
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
+                            required=('embed_dims', 'depths', 'num_heads'))
+        depths, num_heads = list(arch['depths']), list(arch['num_heads'])
+        num = len(depths)
+        if len(num_heads) != num:
+            raise ValueError(f'arch num_heads has {len(num_heads)} entries for {num} stages')
+        if not isinstance(attn_type, str) or len(attn_type) != num or set(attn_type) - set('LS'):
+            raise ValueError(f"attn_type needs one 'L' or 'S' per stage ({num}), "
+                             f'got {attn_type!r}')
+        if int(window_size) < 1:
+            raise ValueError(f'window_size must be >= 1, got {window_size}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < num for i in out_indices):
+            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
+                             f'got {out_indices}')
+        if isinstance(pretrain_img_size, int):
+            pretrain_img_size = (pretrain_img_size, pretrain_img_size)
+
+        self.arch = arch
+        self.depths = depths
+        self.embed_dims = [int(arch['embed_dims']) * 2 ** i for i in range(num)]
+        self.attn_type = attn_type
+        self.window_size = int(window_size)
+        self.out_indices = out_indices
+        self.with_cp = with_cp
+        self._num_stages = num
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], patch_size)
+        self.pos_drop = nn.Dropout(drop_rate)
+        # stage grids at the pre-training size (official: floor division at every stage)
+        grid = [s // patch_size for s in pretrain_img_size]
+        self.pe_grids = []
+        self.layers = nn.ModuleList()
+        for i in range(num):
+            self.pe_grids.append(tuple(grid))
+            dims, start = self.embed_dims[i], sum(depths[:i])
+            blocks = [
+                FLattenSwinBlock(
+                    dims, num_heads[i], attn_type=attn_type[i], window_size=self.window_size,
+                    shift_size=0 if j % 2 == 0 else self.window_size // 2,
+                    pe_size=tuple(grid), mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                    focusing_factor=focusing_factor, kernel_size=kernel_size,
+                    drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path=dpr[start + j],
+                    official_window_rule=official_window_rule) for j in range(depths[i])
+            ]
+            downsample = PatchMerging(dims) if i < num - 1 else None
+            self.layers.append(FLattenSwinStage(blocks, downsample))
+            grid = [g // 2 for g in grid]
+        for i in out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i]))
+        self._freeze_stages()
+
+    @property
+    def num_stages(self):
+        return self._num_stages
+
+    def stage_modules(self, index):
+        if index < 0:
+            return [self.patch_embed]
+        return [self.layers[index], getattr(self, f'norm{index}', None)]
+
+    def init_random_extras(self):
+        # official init; positional encodings and FLA scales stay zero as in the official code
+        for m in self.modules():
+            if isinstance(m, WindowMSA):
+                trunc_normal_(m.relative_position_bias_table, std=.02)
+
+    def convert_weights(self, state_dict):
+        """Official FLatten-Swin (or OpenMMLab-saved) weights → this model.
+
+        Drops the classifier (``head.*``), the final ``norm.*`` and the fixed-size ``attn_mask``
+        buffers; takes every ``relative_position_index`` from this model (it depends only on the
+        window), whether the checkpoint has it or not; resizes ``positional_encoding`` (bicubic
+        on the square token grid) to this model's ``pretrain_img_size`` grids and
+        ``relative_position_bias_table`` (bicubic on the ``(2w-1)×(2w-1)`` offset grid) to this
+        model's window, e.g. to load the 384² Swin-B (L grids 96/48, S window 12) into a
+        224²/window-7 model or back.
+        """
+        own = self.state_dict()
+        out = {}
+        for key, value in state_dict.items():
+            if key.startswith(('head.', 'norm.')) or key.endswith('attn_mask'):
+                continue
+            target = own.get(key)
+            if key.endswith('relative_position_index'):
+                if target is not None:
+                    out[key] = target.clone()
+                continue
+            if target is not None and target.shape != value.shape:
+                if (key.endswith('positional_encoding') and value.dim() == 3
+                        and value.shape[-1] == target.shape[-1]):
+                    side = square_side(value.shape[1], key)
+                    dst = self.get_submodule(key.rsplit('.', 1)[0]).pe_size
+                    value = resize_token_grid(value, (side, side), dst, mode='bicubic')
+                elif (key.endswith('relative_position_bias_table') and value.dim() == 2
+                      and value.shape[1] == target.shape[1]):
+                    value = resize_bias_table(value, target.shape[0], key)
+            out[key] = value
+        if any(k in own for k in out):
+            # the index is a function of the window only: checkpoints that dropped it still load
+            # without noise (the official fine-tuning loader deletes it)
+            out.update({k: v.clone() for k, v in own.items()
+                        if k.endswith('relative_position_index') and k not in out})
+        return out
+
+    def forward(self, x):
+        b = x.shape[0]
+        x, hw = self.patch_embed(x)
+        x = self.pos_drop(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            for blk in layer.blocks:
+                if self.with_cp and self.training and x.requires_grad:
+                    x = cp.checkpoint(blk, x, hw, use_reentrant=False)
+                else:
+                    x = blk(x, hw)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(x)
+                outs.append(out.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous())
+            if layer.downsample is not None:
+                x, hw = layer.downsample(x, hw)
+        return tuple(outs)
+
+
+def resize_bias_table(table, rows, what='relative_position_bias_table'):
+    """Bicubic resize of a ``((2w-1)², h)`` relative bias table to ``rows`` = ``(2w'-1)²``."""
+    src, dst = square_side(table.shape[0], what), square_side(rows, what)
+    grid = table.t().reshape(1, -1, src, src).float()
+    grid = F.interpolate(grid, size=(dst, dst), mode='bicubic', align_corners=False)
+    return grid.reshape(-1, dst * dst).t().contiguous().to(table.dtype)

@@ -1,0 +1,241 @@
+"""FLatten-CSWin: official counts and layout, stripe padding, any size, loading, freezing."""
+import pytest
+import torch
+import torch.nn.functional as F
+from mmengine.registry import init_default_scope
+
+from mmeffvit.models import FLattenCSWin
+from mmeffvit.models.backbones.flatten_cswin import LePEAttention
+
+# official FLatten-CSWin counts (classification model: final norm and 1000-class head included)
+OFFICIAL_PARAMS = {'tiny': 21_201_768, 'small': 35.45e6, 'base': 74.87e6, 'base_384': 78.37e6}
+# a one-block-per-stage model for the tests that only need the plumbing
+TINIEST = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
+
+
+def classification_params(model, classes=1000):
+    """Parameters of the official classifier built from ``model``: no out-norms, + norm and head."""
+    dims = model.embed_dims[-1]
+    own = sum(p.numel() for n, p in model.named_parameters() if not n.startswith('norm'))
+    return own + 2 * dims + dims * classes + classes
+
+
+def test_tiny_parameter_count_and_layout_are_exactly_official():
+    model = FLattenCSWin('tiny')
+    assert classification_params(model) == OFFICIAL_PARAMS['tiny']
+    sd = FLattenCSWin('tiny', out_norm=False).state_dict()
+    assert len(sd) + 4 == 430  # official entry count with norm.{weight,bias}, head.{weight,bias}
+    shapes = {
+        'stage1_conv_embed.0.weight': (64, 3, 7, 7),
+        'stage1_conv_embed.2.weight': (64, ),
+        'merge1.conv.weight': (128, 64, 3, 3),
+        'merge3.norm.bias': (512, ),
+        'stage1.1.qkv.weight': (192, 64),
+        'stage1.0.attns.0.positional_encoding': (1, 3136, 64),
+        'stage2.3.attns.0.positional_encoding': (1, 784, 128),
+        'stage2.0.attns.0.scale': (1, 1, 128),
+        'stage1.0.attns.0.dwc.weight': (32, 1, 5, 5),
+        'stage1.0.attns.0.get_v.weight': (64, 1, 3, 3),
+        'stage3.17.attns.1.get_v.weight': (128, 1, 3, 3),
+        'stage4.0.attns.0.get_v.weight': (512, 1, 3, 3),
+        'stage4.0.mlp.fc2.weight': (512, 2048),
+    }
+    for key, shape in shapes.items():
+        assert tuple(sd[key].shape) == shape, key
+    assert 'stage3.0.attns.2.get_v.weight' not in sd and 'stage4.0.attns.1.get_v.weight' not in sd
+
+
+@pytest.mark.parametrize('arch', ['small', 'base', 'base_384'])
+def test_larger_parameter_counts(arch):
+    total = classification_params(FLattenCSWin(arch, out_norm=False))
+    assert abs(total / 1e6 - OFFICIAL_PARAMS[arch] / 1e6) < 0.005, total
+
+
+def test_odd_input_size_gives_strided_maps():
+    model = FLattenCSWin('tiny').eval()
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 333, 517))
+    shapes = [tuple(o.shape) for o in outs]
+    assert shapes == [(1, 64, 84, 130), (1, 128, 42, 65), (1, 256, 21, 33), (1, 512, 11, 17)]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def _reference_stripes(attn, q, k, v, hw):
+    """Stripe-by-stripe attention on the unpadded map: the last stripe is simply narrower."""
+    b, _, c = q.shape
+    h, w = hw
+    nh, d = attn.num_heads, c // attn.num_heads
+    maps = [t.transpose(1, 2).reshape(b, c, h, w) for t in (q, k, v)]
+    out = torch.zeros(b, c, h, w, dtype=q.dtype)
+    s = attn.split_size
+    if attn.idx == -1:
+        windows = [(slice(0, h), slice(0, w))]
+    elif attn.idx == 0:
+        windows = [(slice(0, h), slice(x, min(x + s, w))) for x in range(0, w, s)]
+    else:
+        windows = [(slice(y, min(y + s, h)), slice(0, w)) for y in range(0, h, s)]
+    for rows, cols in windows:
+        qs, ks, vs = (m[:, :, rows, cols] for m in maps)
+        wh, ww = qs.shape[-2:]
+        lepe = F.conv2d(vs, attn.get_v.weight, attn.get_v.bias, padding=1, groups=c)
+        for head in range(nh):
+            ch = slice(head * d, (head + 1) * d)
+            qh, kh, vh = (t[:, ch].flatten(2).transpose(1, 2) for t in (qs, ks, vs))
+            scores = torch.einsum('bnd,bmd->bnm', qh, kh) * d ** -0.5
+            oh = torch.einsum('bnm,bmd->bnd', scores.softmax(-1), vh)
+            oh = oh.transpose(1, 2).reshape(b, d, wh, ww) + lepe[:, ch]
+            out[:, ch, rows, cols] = oh
+    return out.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize('idx', [0, 1, -1])
+@pytest.mark.parametrize('hw', [(20, 23), (14, 14), (5, 9)])
+def test_padded_stripes_match_unpadded_reference(idx, hw):
+    """Padding to stripe multiples is invisible: masked keys, zero v, cropped outputs."""
+    torch.manual_seed(0)
+    attn = LePEAttention(32, 2, split_size=7, idx=idx).double()
+    q, k, v = (torch.randn(2, hw[0] * hw[1], 32, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(attn(q, k, v, hw), _reference_stripes(attn, q, k, v, hw))
+
+
+def test_every_parameter_gets_a_gradient_at_an_odd_size():
+    model = FLattenCSWin(TINIEST)  # every kind of block: L, two-branch S, whole-map S
+    loss = sum((o * torch.randn_like(o)).mean() for o in model(torch.rand(1, 3, 61, 75)))
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+
+
+def test_out_indices_out_norms_and_bad_values():
+    model = FLattenCSWin('tiny', out_indices=(1, 3)).eval()
+    assert hasattr(model, 'norm1') and hasattr(model, 'norm3') and not hasattr(model, 'norm0')
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 64, 96))
+    assert [o.shape[1] for o in outs] == [128, 512]
+    with pytest.raises(ValueError, match='out_indices'):
+        FLattenCSWin('tiny', out_indices=(4, ))
+    with pytest.raises(ValueError, match='attn_types'):
+        FLattenCSWin('tiny', attn_types='LLXS')
+    with pytest.raises(ValueError, match='split_sizes'):
+        FLattenCSWin('tiny', split_sizes=(1, 2, 7))
+    assert not any(n.startswith('norm') for n, _ in FLattenCSWin('tiny', out_norm=False)
+                   .named_parameters())
+
+
+def test_unknown_arch_lists_names_closest_first():
+    with pytest.raises(KeyError) as err:
+        FLattenCSWin('tinny')
+    msg = str(err.value)
+    assert "'tinny'" in msg and msg.index('tiny') < msg.index('small')
+
+
+def test_stage_types_and_branches():
+    model = FLattenCSWin('tiny')
+    assert type(model.stage1[0].attns[0]).__name__ == 'LePEFocusedLinearAttention'
+    assert [a.idx for a in model.stage3[0].attns] == [0, 1]  # vertical, horizontal stripes
+    assert [a.idx for a in model.stage4[0].attns] == [-1]  # whole map at any size
+    assert model.stage2[0].attns[0].pe_size == (28, 28)
+    big = FLattenCSWin('b384')
+    assert big.stage1[0].attns[0].pe_size == (96, 96) and big.stage3[0].attns[0].split_size == 12
+
+
+def test_frozen_stages_really_frozen():
+    model = FLattenCSWin('tiny', frozen_stages=2)
+    model.train()
+    frozen = [model.stage1_conv_embed, model.stage1, model.norm0, model.merge1, model.stage2,
+              model.norm1]
+    for mod in frozen:
+        assert not mod.training
+        assert all(not p.requires_grad for p in mod.parameters())
+    assert model.stage3.training and all(p.requires_grad for p in model.stage3.parameters())
+    assert all(p.requires_grad for p in model.merge2.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    # random weights: a plain sum of LayerNorm outputs has no gradient w.r.t. their input
+    sum((o * torch.randn_like(o)).sum() for o in model(torch.rand(1, 3, 48, 48))).backward()
+    opt.step()
+    after = model.state_dict()
+    frozen_prefix = ('stage1_conv_embed', 'stage1.', 'norm0', 'merge1', 'stage2.', 'norm1')
+    for k in before:
+        if k.startswith(frozen_prefix):
+            assert torch.equal(before[k], after[k]), k
+    assert not torch.equal(before['stage3.0.qkv.weight'], after['stage3.0.qkv.weight'])
+    with pytest.raises(ValueError, match='frozen_stages'):
+        FLattenCSWin('tiny', frozen_stages=5)
+
+
+def _official_like_state_dict():
+    """Official layout at 224²: no out-norms; final norm and head included."""
+    ref = FLattenCSWin('tiny', out_norm=False)
+    sd = {k: torch.randn_like(v) for k, v in ref.state_dict().items()}
+    sd['norm.weight'], sd['norm.bias'] = torch.ones(512), torch.zeros(512)
+    sd['head.weight'], sd['head.bias'] = torch.zeros(1000, 512), torch.zeros(1000)
+    return sd
+
+
+def test_official_checkpoint_loads_and_resizes(tmp_path):
+    sd = _official_like_state_dict()
+    path = tmp_path / 'flatten_cswin_t.pth'
+    torch.save({'model': sd, 'epoch': 299}, path)
+    # a different pre-training grid: positional encodings are resized bicubically
+    model = FLattenCSWin('tiny', pretrain_img_size=256,
+                         init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    assert model.stage1[0].attns[0].positional_encoding.shape == (1, 64 * 64, 64)
+    assert model.stage2[3].attns[0].positional_encoding.shape == (1, 32 * 32, 128)
+    torch.testing.assert_close(model.stage3[5].qkv.weight, sd['stage3.5.qkv.weight'])
+    # same grid: every tensor bit-exact; only the out-norms are missing, head/norm dropped
+    model = FLattenCSWin('tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    result = model.load_state_dict(model.convert_weights(sd), strict=False)
+    assert not result.unexpected_keys
+    assert sorted(result.missing_keys) == sorted(
+        f'norm{i}.{p}' for i in range(4) for p in ('weight', 'bias'))
+    model.init_weights()
+    torch.testing.assert_close(model.stage1[1].attns[0].positional_encoding,
+                               sd['stage1.1.attns.0.positional_encoding'])
+    torch.testing.assert_close(model.stage1_conv_embed[0].weight, sd['stage1_conv_embed.0.weight'])
+
+
+def test_wrong_architecture_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / 'small.pth'
+    torch.save(FLattenCSWin(TINIEST).state_dict(), path)
+    model = FLattenCSWin('tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(RuntimeError, match='does not fit'):
+        model.init_weights()
+
+
+def test_bf16_autocast_forward_backward_finite():
+    model = FLattenCSWin('tiny')
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.rand(1, 3, 64, 80))
+    loss = sum(o.float().mean() for o in outs)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_gradient_checkpointing_gives_the_same_result():
+    torch.manual_seed(0)
+    model = FLattenCSWin(TINIEST, drop_path_rate=0., out_indices=(3, ))
+    x = torch.rand(1, 3, 48, 56)
+    (ref, ) = model(x)
+    ref.sum().backward()
+    grad = model.stage2[0].qkv.weight.grad.clone()
+    model.zero_grad()
+    model.with_cp = True
+    (out, ) = model(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(model.stage2[0].qkv.weight.grad, grad)
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+@pytest.mark.parametrize('name', ['FLattenCSWin', 'mmeffvit.FLattenCSWin'])
+def test_builds_by_plain_and_scoped_name(scope, name):
+    init_default_scope(scope)
+    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+    model = registry.build(dict(type=name, arch=TINIEST, out_indices=(3, )))
+    assert type(model).__name__ == 'FLattenCSWin'
+    with torch.no_grad():
+        (out, ) = model.eval()(torch.rand(1, 3, 45, 61))
+    assert out.shape == (1, 256, 2, 2)
