@@ -29,6 +29,35 @@ def resolve_arch(arch, arch_settings, aliases=None, required=()):
     return copy.deepcopy(arch)
 
 
+def check_stage_args(num_stages, out_indices, attn_types=None, attn_name='attn_types',
+                     **per_stage):
+    """Validate per-stage arguments shared by the pyramid backbones; return ``out_indices``.
+
+    Args:
+        num_stages (int): Number of stages.
+        out_indices (Sequence[int]): Must be a non-empty subset of ``0..num_stages-1``.
+        attn_types (str, optional): One letter per stage, ``'L'`` (linear) or ``'S'`` (softmax).
+        attn_name (str): The constructor argument holding ``attn_types`` (for the error).
+        **per_stage: Sequences that need one entry per stage (named in the error).
+
+    Returns:
+        tuple[int]: ``out_indices`` as a tuple.
+    """
+    for name, values in per_stage.items():
+        if len(values) != num_stages:
+            raise ValueError(f'{name} needs one entry per stage ({num_stages}), got {values}')
+    if attn_types is not None and (not isinstance(attn_types, str)
+                                   or len(attn_types) != num_stages
+                                   or set(attn_types) - set('LS')):
+        raise ValueError(f"{attn_name} needs one 'L' or 'S' per stage ({num_stages}), "
+                         f'got {attn_types!r}')
+    out_indices = tuple(out_indices)
+    if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
+        raise ValueError(f'out_indices must be a non-empty subset of 0..{num_stages - 1}, '
+                         f'got {out_indices}')
+    return out_indices
+
+
 class EffBackbone(BaseModule):
     """Base class of mmeffvit's dense-prediction backbones.
 

@@ -8,7 +8,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
 from ..layers import FocusedLinearAttention
-from .base import EffBackbone, resolve_arch
+from .base import EffBackbone, check_stage_args, resolve_arch
 
 
 def _to_windows(x, wh, ww):
@@ -319,16 +319,8 @@ class FLattenCSWin(EffBackbone):
         pretrain_img_size = pretrain_img_size or arch.get('pretrain_img_size', 224)
         if isinstance(pretrain_img_size, int):
             pretrain_img_size = (pretrain_img_size, pretrain_img_size)
-        if len(heads) != num or len(split_sizes) != num:
-            raise ValueError(f'num_heads and split_sizes need one entry per stage ({num}), got '
-                             f'{heads} and {split_sizes}')
-        if not isinstance(attn_types, str) or len(attn_types) != num \
-                or set(attn_types) - {'L', 'S'}:
-            raise ValueError(f"attn_types must be {num} letters 'L' or 'S', got {attn_types!r}")
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
-                             f'got {out_indices}')
+        out_indices = check_stage_args(num, out_indices, attn_types, num_heads=heads,
+                                       split_sizes=split_sizes)
 
         self.arch = arch
         self.embed_dims = [arch['embed_dims'] * 2 ** i for i in range(num)]

@@ -8,7 +8,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
 from ..layers import FocusedLinearAttention, SpatialReductionAttention
-from .base import EffBackbone, resolve_arch
+from .base import EffBackbone, check_stage_args, resolve_arch
 
 # widths shared by every FLatten-PVT variant (official flatten_pvt_* factories)
 _PVT_WIDTHS = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4])
@@ -141,15 +141,10 @@ class FLattenPVT(EffBackbone):
         num = len(arch['depths'])
         sr_ratios = arch.get('sr_ratios', [1] * num)
         attn_types = arch.get('attn_types', 'L' * num)
-        for name in ('embed_dims', 'num_heads', 'mlp_ratios'):
-            if len(arch[name]) != num:
-                raise ValueError(f'arch {name} has {len(arch[name])} entries for {num} stages')
-        if len(patch_sizes) != num or len(sr_ratios) != num or len(attn_types) != num:
-            raise ValueError('patch_sizes, sr_ratios and attn_types need one entry per stage')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
-                             f'got {out_indices}')
+        out_indices = check_stage_args(
+            num, out_indices, attn_types, embed_dims=arch['embed_dims'],
+            num_heads=arch['num_heads'], mlp_ratios=arch['mlp_ratios'], patch_sizes=patch_sizes,
+            sr_ratios=sr_ratios)
         if isinstance(pretrain_img_size, int):
             pretrain_img_size = (pretrain_img_size, pretrain_img_size)
 

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
-from .base import EffBackbone, resolve_arch
+from .base import EffBackbone, check_stage_args, resolve_arch
 from .flatten_pvt import FLattenPVTBlock
 
 # widths of B1-B5 (official flatten_pvt_v2_b* factories); B0 halves the channels
@@ -165,19 +165,13 @@ class FLattenPVTv2(EffBackbone):
         num = len(arch['depths'])
         sr_ratios = arch.get('sr_ratios', [1] * num)
         attn_types = arch.get('attn_types', 'L' * num)
-        for name in ('embed_dims', 'num_heads', 'mlp_ratios'):
-            if len(arch[name]) != num:
-                raise ValueError(f'arch {name} has {len(arch[name])} entries for {num} stages')
-        if not (len(patch_sizes) == len(strides) == len(sr_ratios) == len(attn_types) == num):
-            raise ValueError('patch_sizes, strides, sr_ratios and attn_types need one entry '
-                             'per stage')
+        out_indices = check_stage_args(
+            num, out_indices, attn_types, embed_dims=arch['embed_dims'],
+            num_heads=arch['num_heads'], mlp_ratios=arch['mlp_ratios'], patch_sizes=patch_sizes,
+            strides=strides, sr_ratios=sr_ratios)
         if any(k <= s for k, s in zip(patch_sizes, strides)):
             raise ValueError(f'overlapping embeddings need patch_sizes > strides, got '
                              f'{tuple(patch_sizes)} and {tuple(strides)}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
-                             f'got {out_indices}')
         if isinstance(pretrain_img_size, int):
             pretrain_img_size = (pretrain_img_size, pretrain_img_size)
 

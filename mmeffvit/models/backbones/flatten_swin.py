@@ -9,7 +9,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
 from ..layers import FocusedLinearAttention
-from .base import EffBackbone, resolve_arch
+from .base import EffBackbone, check_stage_args, resolve_arch
 
 #: additive logit given to key/query pairs of one shifted window that come from different
 #: regions of the map (Swin's value: negligible after the softmax, finite in fp16/bf16)
@@ -345,17 +345,10 @@ class FLattenSwin(EffBackbone):
                             required=('embed_dims', 'depths', 'num_heads'))
         depths, num_heads = list(arch['depths']), list(arch['num_heads'])
         num = len(depths)
-        if len(num_heads) != num:
-            raise ValueError(f'arch num_heads has {len(num_heads)} entries for {num} stages')
-        if not isinstance(attn_type, str) or len(attn_type) != num or set(attn_type) - set('LS'):
-            raise ValueError(f"attn_type needs one 'L' or 'S' per stage ({num}), "
-                             f'got {attn_type!r}')
+        out_indices = check_stage_args(num, out_indices, attn_type, 'attn_type',
+                                       num_heads=num_heads)
         if int(window_size) < 1:
             raise ValueError(f'window_size must be >= 1, got {window_size}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of 0..{num - 1}, '
-                             f'got {out_indices}')
         if isinstance(pretrain_img_size, int):
             pretrain_img_size = (pretrain_img_size, pretrain_img_size)
 
