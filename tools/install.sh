@@ -114,4 +114,13 @@ else
   log "mmeffvit: pip install -e ."
   (cd "$here" && pipi --no-build-isolation --no-deps -e .)
 fi
+# the compiled ops (mmeffvit._ext): rebuilt in place only when missing or older than a source
+ext=$(ls "$here"/mmeffvit/_ext*.so 2>/dev/null | head -n1 || true)
+if [ "${MMEFFVIT_WITH_OPS:-1}" != 0 ] && { [ -z "$ext" ] ||
+    [ -n "$(find "$here/mmeffvit/ops/csrc" -type f -newer "$ext" | head -n1)" ]; }; then
+  log "mmeffvit: building the C++/CUDA ops (python setup.py build_ext --inplace)"
+  (cd "$here" && MAX_JOBS=${MAX_JOBS:-$(nproc)} "$py" setup.py build_ext --inplace)
+else
+  log "mmeffvit: compiled ops up to date"
+fi
 "$py" -c 'import mmeffvit; print("[mmeffvit install] ok: mmeffvit", mmeffvit.__version__)'

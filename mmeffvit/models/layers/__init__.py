@@ -1,8 +1,12 @@
+from .clamped_linear_attention import clamped_linear_attention
 from .focused_linear_attention import (FocusedLinearAttention, focus_feature_map,
                                        kv_first_linear_attention)
+from .attention_residual import AttentionResidualDownsample
+from .less_attention import LessAttention, VanillaAttention
 from .spatial_reduction_attention import SpatialReductionAttention
 
 __all__ = [
     'FocusedLinearAttention', 'focus_feature_map', 'kv_first_linear_attention',
-    'SpatialReductionAttention'
+    'SpatialReductionAttention', 'clamped_linear_attention', 'AttentionResidualDownsample',
+    'LessAttention', 'VanillaAttention'
 ]

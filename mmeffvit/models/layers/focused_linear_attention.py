@@ -4,6 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ... import ops
 from ...utils import at_least_fp32, resize_token_grid
 
 
@@ -13,6 +14,7 @@ def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
     ``relu(x) + eps`` keeps every entry positive, a learnable per-channel ``softplus(scale)``
     divides it, then ``f_p(t) = ||t|| * t**p / ||t**p||`` sharpens the direction while keeping the
     norm. The norms run over **all** channels of a token (heads together), as the official code.
+    Runs the fused operator of :mod:`mmeffvit.ops` when it is built, else the PyTorch reference.
 
     Args:
         x (Tensor): ``(..., C)`` queries or keys, any float dtype.
@@ -23,10 +25,7 @@ def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
     Returns:
         Tensor: fp32 (fp64 for fp64 input) tensor of the shape of ``x``.
     """
-    x = (F.relu(at_least_fp32(x)) + eps) / F.softplus(at_least_fp32(scale))
-    x_norm = x.norm(dim=-1, keepdim=True)
-    x_pow = x.pow(focusing_factor)
-    return x_pow * (x_norm / x_pow.norm(dim=-1, keepdim=True))
+    return ops.focus_feature_map(x, scale, focusing_factor, eps)
 
 
 def kv_first_linear_attention(q, k, v, eps=1e-6):
@@ -34,7 +33,7 @@ def kv_first_linear_attention(q, k, v, eps=1e-6):
 
     Uses the mean-normalised form of the official May 2024 fix: ``K^T V / n`` and
     ``1 / (q·mean(k) + eps)``, which keeps every intermediate O(1) in size (the unnormalised sums
-    overflowed in fp16).
+    overflowed in fp16). Runs :func:`mmeffvit.ops.linear_attention` (``normalizer='mean'``).
 
     Args:
         q (Tensor): ``(B, h, N, d)`` mapped queries.
@@ -44,10 +43,7 @@ def kv_first_linear_attention(q, k, v, eps=1e-6):
     Returns:
         Tensor: ``(B, h, N, d)``.
     """
-    n = k.shape[-2]
-    z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + eps)
-    kv = (k.transpose(-2, -1) * n ** -0.5) @ (v * n ** -0.5)
-    return (q @ kv) * z
+    return ops.linear_attention(q, k, v, normalizer='mean', eps=eps)
 
 
 class FocusedLinearAttention(BaseModule):

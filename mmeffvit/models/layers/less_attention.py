@@ -1,0 +1,163 @@
+"""Vanilla and less attention of LaViT (Zhang et al., CVPR 2024, sec. 3.2, Eq. 4-5)."""
+import torch
+import torch.nn as nn
+
+
+def masked_softmax(scores, key_mask=None):
+    """Row softmax in at least fp32; ``key_mask (B, 1, 1, Nk)`` True marks keys to ignore.
+
+    The mask is applied here only, never to the scores handed to the next layer, so the
+    learned transforms Θ/Ψ always see finite values.
+    """
+    x = scores.float()
+    if key_mask is not None:
+        x = x.masked_fill(key_mask, torch.finfo(x.dtype).min)
+    return x.softmax(dim=-1).to(scores.dtype)
+
+
+class _ReducedValues(nn.Module):
+    """PVT's key/value source: the token grid reduced by a ``k=s=sr`` conv and a LayerNorm."""
+
+    def __init__(self, embed_dims, sr_ratio):
+        super().__init__()
+        self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(embed_dims)
+
+    def reduce(self, x, hw_shape):
+        """Returns the reduced tokens ``(B, Nk, C)`` and their grid."""
+        if self.sr_ratio == 1:
+            return x, tuple(hw_shape)
+        b, _, c = x.shape
+        grid = self.sr(x.transpose(1, 2).reshape(b, c, *hw_shape))
+        return self.norm(grid.flatten(2).transpose(1, 2)), tuple(grid.shape[-2:])
+
+
+class VanillaAttention(_ReducedValues):
+    """VA layer attention: PVT spatial-reduction attention that exposes its scores (Eq. 4).
+
+    Computes ``A = Q Kᵀ/√d (+ residual)`` explicitly (the scores are stored for the following
+    less-attention layers and the AR module), then ``softmax(A) V`` and the output projection.
+    Parameter names follow PVT (``q``, ``kv``, ``sr``, ``norm``, ``proj``).
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads.
+        sr_ratio (int): Key/value reduction ratio.
+        qkv_bias (bool): Bias of q/kv.
+        attn_drop (float): Dropout on the attention probabilities.
+        proj_drop (float): Dropout after the projection.
+    """
+
+    def __init__(self, embed_dims, num_heads, sr_ratio=1, qkv_bias=True, attn_drop=0.,
+                 proj_drop=0.):
+        super().__init__(embed_dims, sr_ratio)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.scale = (embed_dims // num_heads) ** -0.5
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x, hw_shape, residual=None, key_mask=None):
+        """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` added to the scores (AR, Eq. 7).
+
+        Returns:
+            tuple: output ``(B, N, C)``, scores ``(B, H, N, Nk)`` (pre-softmax, unmasked),
+            probabilities ``(B, H, N, Nk)`` and the key grid.
+        """
+        b, n, c = x.shape
+        h = self.num_heads
+        q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
+        kv_src, k_hw = self.reduce(x, hw_shape)
+        k, v = self.kv(kv_src).reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
+        scores = (q * self.scale) @ k.transpose(-2, -1)
+        if residual is not None:
+            scores = scores + residual.to(scores.dtype)
+        probs = masked_softmax(scores, key_mask)
+        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out)), scores, probs, k_hw
+
+
+class LessAttention(_ReducedValues):
+    """LA layer attention: no Q·K; the previous scores are re-parameterised (Eq. 5).
+
+    ``A^l = Ψ(Θ(A^{l-1})ᵀ)ᵀ`` with ``Θ``, ``Ψ`` linear layers over the token axes: ``Θ``
+    (``N_k×N_k``) mixes the key axis, ``Ψ`` (``N_q×N_q``) the query axis, shared by all heads
+    and images (one matrix each, as printed). Then ``softmax(A^l) V^l``, the output projection
+    and (in the block) the MLP are kept; ``V^l`` comes from this layer's own input, reduced like
+    PVT's keys/values so it has ``N_k`` rows.
+
+    ``Θ``/``Ψ`` start as the identity (``identity_init``): an LA layer then initially re-uses the
+    inherited map exactly instead of scrambling it. ``Ψ``'s bias adds a per-row constant that
+    a row softmax removes, so it is off by default (``psi_bias``).
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads.
+        num_queries (int): ``N_q`` of the training grid (or window).
+        num_keys (int): ``N_k``.
+        sr_ratio (int): Value reduction ratio (as the stage's VA layers).
+        qkv_bias (bool): Bias of the value projection.
+        theta_bias (bool): Bias of ``Θ``.
+        psi_bias (bool): Bias of ``Ψ``.
+        identity_init (bool): Initialise ``Θ``/``Ψ`` to the identity (else trunc-normal).
+        attn_drop (float): Dropout on the attention probabilities.
+        proj_drop (float): Dropout after the projection.
+    """
+
+    def __init__(self, embed_dims, num_heads, num_queries, num_keys, sr_ratio=1, qkv_bias=True,
+                 theta_bias=True, psi_bias=False, identity_init=True, attn_drop=0.,
+                 proj_drop=0.):
+        super().__init__(embed_dims, sr_ratio)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.num_queries, self.num_keys = num_queries, num_keys
+        self.identity_init = identity_init
+        self.theta = nn.Linear(num_keys, num_keys, bias=theta_bias)
+        self.psi = nn.Linear(num_queries, num_queries, bias=psi_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.reset_transforms()
+
+    def reset_transforms(self):
+        """Identity Θ/Ψ with zero biases (called again after a generic ``init_cfg``)."""
+        if not self.identity_init:
+            return
+        with torch.no_grad():
+            for lin in (self.theta, self.psi):
+                lin.weight.copy_(torch.eye(lin.weight.shape[0]))
+                if lin.bias is not None:
+                    lin.bias.zero_()
+
+    def transform(self, scores):
+        """``Ψ(Θ(A)ᵀ)ᵀ`` on ``(..., N_q, N_k)`` scores."""
+        nq, nk = scores.shape[-2:]
+        if (nq, nk) != (self.num_queries, self.num_keys):
+            raise ValueError(
+                f'less attention holds Θ/Ψ for {self.num_queries} queries x {self.num_keys} '
+                f'keys but got a {nq}x{nk} map: dense Θ/Ψ are tied to the training grid; use '
+                "la_mode='window' (windows of the training grid) for other input sizes")
+        return self.psi(self.theta(scores).transpose(-2, -1)).transpose(-2, -1)
+
+    def forward(self, x, hw_shape, prev_scores, key_mask=None):
+        """Args: x ``(B, N, C)``; prev_scores ``(B, H, N, N_k)`` of the previous layer.
+
+        Returns:
+            tuple: output, transformed scores ``A^l``, probabilities and the key grid.
+        """
+        b, n, c = x.shape
+        h = self.num_heads
+        scores = self.transform(prev_scores)
+        v_src, k_hw = self.reduce(x, hw_shape)
+        v = self.v(v_src).reshape(b, -1, h, c // h).transpose(1, 2)
+        probs = masked_softmax(scores, key_mask)
+        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out)), scores, probs, k_hw

@@ -1,0 +1,15 @@
+"""mmcv-style compiled operators for linear attention, with pure-PyTorch references.
+
+``mmeffvit._ext`` (``csrc/``: ``common/cuda`` kernels, ``pytorch/cpu`` and ``pytorch/cuda``
+implementations, device-independent entry points and one ``pybind.cpp``) is loaded lazily; when
+it is not built every op falls back to its reference with a one-time info log.
+``MMEFFVIT_OPS=0/1`` forces the reference / the compiled path.
+"""
+from .ext_loader import get_ext, load_ext, ops_mode
+from .focus import focus_feature_map, focus_feature_map_ref
+from .linear_attention import linear_attention, linear_attention_ref
+
+__all__ = [
+    'focus_feature_map', 'focus_feature_map_ref', 'linear_attention', 'linear_attention_ref',
+    'get_ext', 'load_ext', 'ops_mode'
+]

@@ -1,0 +1,138 @@
+// Device-independent entry points: check the arguments once, then dispatch on the device.
+#include "linear_attention.h"
+
+#include <ATen/OpMathType.h>
+
+namespace mmeffvit {
+namespace {
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), name,
+              " must be a floating-point tensor, got ", t.scalar_type());
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* an, const char* bn) {
+  TORCH_CHECK(a.device() == b.device(), an, " and ", bn, " must be on the same device, got ",
+              a.device(), " and ", b.device());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), an, " and ", bn,
+              " must have the same dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+}
+
+bool on_cuda(const at::Tensor& t) {
+  if (!t.is_cuda()) {
+    TORCH_CHECK(t.is_cpu(), "mmeffvit ops run on CPU or CUDA tensors, got ", t.device());
+    return false;
+  }
+#ifdef WITH_CUDA
+  return true;
+#else
+  TORCH_CHECK(false, "mmeffvit._ext was built without CUDA; rebuild with FORCE_CUDA=1");
+#endif
+}
+
+// unit stride in the last dim is all the kernels need (BLAS takes any row stride)
+at::Tensor rows_ready(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "linear_attention expects q, k, v of shape (B, h, N, d), (B, h, n, d), "
+              "(B, h, n, e); got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  check_float(q, "q");
+  check_same(q, k, "q", "k");
+  check_same(q, v, "q", "v");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k must be (B, h, n, d) with B, h, d of q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
+              "v must be (B, h, n, e) with B, h, n of k ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(k.size(2) > 0, "linear_attention needs at least one key");
+}
+
+at::Tensor check_temp(const c10::optional<at::Tensor>& temp, const at::Tensor& q) {
+  if (!temp.has_value() || !temp->defined()) return at::Tensor();
+  check_float(*temp, "temperature");
+  TORCH_CHECK(temp->numel() == q.size(1), "temperature must have one entry per head (",
+              q.size(1), "), got shape ", temp->sizes());
+  TORCH_CHECK(temp->device() == q.device(), "temperature must be on ", q.device());
+  return temp->reshape({q.size(1)});
+}
+
+}  // namespace
+
+bool compiled_with_cuda() {
+#ifdef WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor focus_forward(const at::Tensor& x, const at::Tensor& scale, double p, double eps) {
+  TORCH_CHECK(x.dim() == 2, "focus_forward expects x of shape (rows, C), got ", x.sizes());
+  check_float(x, "x");
+  check_float(scale, "scale");
+  TORCH_CHECK(scale.numel() == x.size(1), "scale must have C = ", x.size(1),
+              " entries, got shape ", scale.sizes());
+  TORCH_CHECK(scale.device() == x.device(), "x and scale must be on the same device, got ",
+              x.device(), " and ", scale.device());
+  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
+  auto xc = x.contiguous();
+  auto sc = scale.reshape({-1}).contiguous();
+#ifdef WITH_CUDA
+  if (on_cuda(x)) return focus_forward_cuda(xc, sc, p, eps);
+#else
+  on_cuda(x);
+#endif
+  return focus_forward_cpu(xc, sc, p, eps);
+}
+
+std::vector<at::Tensor> focus_backward(const at::Tensor& gy, const at::Tensor& x,
+                                       const at::Tensor& scale, double p, double eps) {
+  TORCH_CHECK(gy.sizes() == x.sizes(), "grad shape ", gy.sizes(), " != input shape ", x.sizes());
+  auto gyc = gy.to(at::toOpMathType(x.scalar_type())).contiguous();
+  auto xc = x.contiguous();
+  auto sc = scale.reshape({-1}).contiguous();
+#ifdef WITH_CUDA
+  if (on_cuda(x)) return focus_backward_cuda(gyc, xc, sc, p, eps);
+#else
+  on_cuda(x);
+#endif
+  return focus_backward_cpu(gyc, xc, sc, p, eps);
+}
+
+std::vector<at::Tensor> linear_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v,
+                                                 const c10::optional<at::Tensor>& temp,
+                                                 int64_t mode, double eps, double clamp_min) {
+  check_attention(q, k, v);
+  TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (mean) or 1 (clamped sum), got ", mode);
+  auto t = check_temp(temp, q);
+  auto qc = rows_ready(q), kc = rows_ready(k), vc = rows_ready(v);
+#ifdef WITH_CUDA
+  if (on_cuda(q)) return linear_attention_forward_cuda(qc, kc, vc, t, mode, eps, clamp_min);
+#else
+  on_cuda(q);
+#endif
+  return linear_attention_forward_cpu(qc, kc, vc, t, mode, eps, clamp_min);
+}
+
+std::vector<at::Tensor> linear_attention_backward(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& kv, const at::Tensor& ksum, const c10::optional<at::Tensor>& temp,
+    int64_t mode, double eps, double clamp_min) {
+  check_attention(q, k, v);
+  TORCH_CHECK(g.size(0) == q.size(0) && g.size(1) == q.size(1) && g.size(2) == q.size(2) &&
+                  g.size(3) == v.size(3),
+              "grad must be (B, h, N, e), got ", g.sizes());
+  auto t = check_temp(temp, q);
+  auto gc = rows_ready(g), qc = rows_ready(q), kc = rows_ready(k), vc = rows_ready(v);
+#ifdef WITH_CUDA
+  if (on_cuda(q)) {
+    return linear_attention_backward_cuda(gc, qc, kc, vc, kv, ksum, t, mode, eps, clamp_min);
+  }
+#else
+  on_cuda(q);
+#endif
+  return linear_attention_backward_cpu(gc, qc, kc, vc, kv, ksum, t, mode, eps, clamp_min);
+}
+
+}  // namespace mmeffvit

@@ -1,0 +1,19 @@
+// Python bindings of mmeffvit._ext (the one translation unit that includes pybind11).
+#include <torch/extension.h>
+
+#include "linear_attention.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("focus_forward", &mmeffvit::focus_forward, "focusing function forward", py::arg("x"),
+        py::arg("scale"), py::arg("p"), py::arg("eps"));
+  m.def("focus_backward", &mmeffvit::focus_backward, "focusing function backward",
+        py::arg("grad"), py::arg("x"), py::arg("scale"), py::arg("p"), py::arg("eps"));
+  m.def("linear_attention_forward", &mmeffvit::linear_attention_forward,
+        "kv-first linear attention forward", py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("temperature"), py::arg("mode"), py::arg("eps"), py::arg("clamp_min"));
+  m.def("linear_attention_backward", &mmeffvit::linear_attention_backward,
+        "kv-first linear attention backward", py::arg("grad"), py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("kv"), py::arg("ksum"), py::arg("temperature"), py::arg("mode"),
+        py::arg("eps"), py::arg("clamp_min"));
+  m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
+}

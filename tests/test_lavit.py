@@ -1,0 +1,270 @@
+"""LaViT: published sizes, paper-form vs window mode, AR module, LA transform, loss plumbing."""
+import os.path as osp
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmeffvit.models import AttentionResidualDownsample, LaViT, LessAttention
+from mmeffvit.models.backbones.lavit import _diagonal_blocks, _unwindow, _windows
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# LaViT paper Table 2 (ImageNet-1k classifiers, 224x224)
+PUBLISHED = {'tiny': (10.9e6, 1.6e9), 'small': (22.4e6, 3.3e9), 'base': (39.6e6, 6.1e9)}
+
+
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def with_classifier(model):
+    """The ImageNet model adds a final LayerNorm and a 1000-way Linear on the last stage."""
+    c = model.embed_dims[-1]
+    return n_params(model) + c * 1000 + 1000 + 2 * c
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'small', 'base'])
+def test_parameter_counts_near_published(arch):
+    # reconstruction (see the LaViT docstring): 11.04 M / 22.62 M / 40.37 M
+    total = with_classifier(LaViT(arch))
+    assert abs(total / PUBLISHED[arch][0] - 1) < 0.025, total
+
+
+def test_tiny_macs_near_published():
+    from mmengine.analysis import FlopAnalyzer
+    model = LaViT('tiny', la_mode='dense').eval()
+    fa = FlopAnalyzer(model, torch.rand(1, 3, 224, 224))
+    fa.unsupported_ops_warnings(False)
+    fa.uncalled_modules_warnings(False)
+    macs = fa.total() + 448 * 1000  # + classifier
+    # MACs of every conv/linear/matmul incl. Θ/Ψ: 1.82 G vs the published 1.6 G
+    assert 1.6e9 <= macs <= 1.6e9 * 1.15, macs
+
+
+def _randomise_ar(model, value=0.5):
+    for m in model.modules():
+        if isinstance(m, AttentionResidualDownsample):
+            m.gamma.data.fill_(value)  # make the residual matter in comparisons
+
+
+def test_window_mode_equals_paper_form_at_training_size():
+    torch.manual_seed(0)
+    dense = LaViT('tiny', la_mode='dense')
+    dense.init_weights()
+    _randomise_ar(dense)
+    for m in dense.modules():
+        if isinstance(m, LessAttention):  # non-identity Θ/Ψ
+            m.theta.weight.data.add_(0.05 * torch.randn_like(m.theta.weight))
+            m.psi.weight.data.add_(0.05 * torch.randn_like(m.psi.weight))
+    window = LaViT('tiny', la_mode='window')
+    window.load_state_dict(dense.state_dict())
+    x = torch.rand(1, 3, 224, 224)
+    with torch.no_grad():
+        for a, b in zip(dense.eval()(x), window.eval()(x)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_dense_mode_rejects_other_sizes_with_a_hint():
+    model = LaViT('tiny', la_mode='dense').eval()
+    with pytest.raises(ValueError, match="la_mode='window'"):
+        with torch.no_grad():
+            model(torch.rand(1, 3, 256, 224))
+
+
+def test_odd_size_training_forward_all_params_get_gradients():
+    model = LaViT('tiny', diag_loss=dict(type='DiagonalityLoss', loss_weight=0.01))
+    model.init_weights()
+    model.train()
+    outs = model(torch.rand(1, 3, 333, 517))
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 64, 84, 130), (1, 128, 42, 65), (1, 320, 21, 33), (1, 448, 11, 17)]
+    aux = model.aux_losses()
+    assert set(aux) == {'loss_diag'} and torch.isfinite(aux['loss_diag'])
+    assert model.aux_losses() == {}  # read once
+    (sum(o.mean() for o in outs) + aux['loss_diag']).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    assert model.block3[1].attn.theta.weight.grad.abs().sum() > 0
+    assert model.block4[1].attn.psi.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        model(torch.rand(1, 3, 64, 64))
+    assert model.aux_losses() == {}  # no loss in eval
+
+
+def test_less_attention_transform_matches_explicit_bilinear_form():
+    torch.manual_seed(0)
+    la = LessAttention(8, 2, num_queries=6, num_keys=4, identity_init=False, psi_bias=True)
+    a = torch.randn(3, 2, 6, 4)
+    wt, bt, wp, bp = la.theta.weight, la.theta.bias, la.psi.weight, la.psi.bias
+    # A' = W_Ψ A W_Θᵀ + (W_Ψ 1) b_Θᵀ + b_Ψ 1ᵀ
+    ref = wp @ a @ wt.T + (wp.sum(1, keepdim=True) @ bt[None]) + bp[:, None]
+    torch.testing.assert_close(la.transform(a), ref, rtol=1e-5, atol=1e-5)
+    eye = LessAttention(8, 2, num_queries=6, num_keys=4)
+    torch.testing.assert_close(eye.transform(a), a)  # identity init re-uses the map
+
+
+def test_attention_residual_is_a_grid_conv_not_a_raster_stride():
+    ar = AttentionResidualDownsample(2, 2, layer_scale_init=None)
+    with torch.no_grad():
+        ar.dwconv.weight.fill_(0.25)
+        ar.dwconv.bias.zero_()
+        ar.pwconv.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+        ar.pwconv.bias.zero_()
+    attn = torch.randn(2, 2, 4 * 6, 5)
+    out = ar(attn, (4, 6), (1, 5))
+    grid = attn.transpose(-2, -1).reshape(2 * 2 * 5, 1, 4, 6)
+    ref = F.avg_pool2d(grid, 2).reshape(2, 2, 5, 6).transpose(-2, -1)
+    torch.testing.assert_close(out, ref)
+
+
+def test_attention_residual_odd_grid_heads_and_registry():
+    from mmeffvit.registry import MODELS
+    ar = MODELS.build(dict(type='AttentionResidualDownsample', in_heads=2, out_heads=5))
+    out = ar(torch.randn(1, 2, 7 * 9, 12), (7, 9), (3, 4), out_k_hw=(4, 4))
+    assert out.shape == (1, 5, 4 * 5, 16)
+    assert float(out.abs().max()) < 1e-2  # LayerScale starts small
+    with pytest.raises(ValueError, match='does not match'):
+        ar(torch.randn(1, 3, 63, 12), (7, 9), (3, 4))
+    no_sr = AttentionResidualDownsample(1, 2, key_stride=2)  # keys shrink with the queries
+    assert no_sr(torch.randn(1, 1, 16, 16), (4, 4), (4, 4)).shape == (1, 2, 4, 4)
+
+
+def test_window_helpers_against_loops():
+    x = torch.randn(2, 5 * 7, 3)
+    win, n = _windows(x, (5, 7), (2, 3))
+    assert n == (3, 3) and win.shape == (18, 6, 3)
+    torch.testing.assert_close(_unwindow(win, (5, 7), (2, 3), n), x)
+    attn = torch.randn(1, 2, 4 * 6, 2 * 3)  # queries 4x6, keys 2x3; windows 2x3 q / 1x(3/2)..
+    blocks = _diagonal_blocks(attn, (4, 6), (2, 3), (2, 2), (2, 3), (1, 1))
+    grid = attn.reshape(1, 2, 4, 6, 2, 3)
+    for a in range(2):
+        for b in range(2):
+            ref = grid[:, :, 2 * a:2 * a + 2, 3 * b:3 * b + 3, a, b].reshape(1, 2, 6, 1)
+            torch.testing.assert_close(blocks[a * 2 + b:a * 2 + b + 1], ref)
+
+
+def test_chain_first_differs_and_bf16_autocast():
+    torch.manual_seed(0)
+    arch = dict(LaViT.arch_settings['tiny'], depths=[2, 2, 3, 2])  # two LA layers in stage 3
+    prev = LaViT(arch, la_mode='dense')
+    prev.init_weights()
+    for m in prev.modules():
+        if isinstance(m, LessAttention):
+            m.theta.weight.data.add_(0.1 * torch.randn_like(m.theta.weight))
+    first = LaViT(arch, la_mode='dense', chain='first')
+    first.load_state_dict(prev.state_dict())
+    x = torch.rand(1, 3, 224, 224)
+    with torch.no_grad():
+        assert not torch.allclose(prev.eval()(x)[2], first.eval()(x)[2])
+    model = LaViT('tiny', diag_loss=dict(type='DiagonalityLoss', loss_weight=0.1)).train()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.rand(1, 3, 97, 131))
+        loss = sum(o.float().mean() for o in outs) + model.aux_losses()['loss_diag']
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_bad_arguments():
+    with pytest.raises(KeyError, match='tiny'):
+        LaViT('tinny')
+    with pytest.raises(KeyError, match='la_mode'):
+        LaViT('tiny', la_mode='interp')
+    with pytest.raises(ValueError, match='num_va_layers'):
+        LaViT(dict(embed_dims=[32, 64], num_heads=[1, 2], mlp_ratios=[4, 4], depths=[2, 2],
+                   num_va_layers=[0, 2]), patch_sizes=(4, 2))
+    with pytest.raises(ValueError, match='out_indices'):
+        LaViT('tiny', out_indices=(4, ))
+    with pytest.raises(ValueError, match='align'):
+        LaViT('tiny', window_sizes=(None, None, 14, 5))
+
+
+def test_frozen_stages_and_out_indices():
+    model = LaViT('tiny', frozen_stages=3, out_indices=(2, 3))
+    model.train()
+    for mod in (model.block3, model.attn_residual3, model.patch_embed3):
+        assert not mod.training and all(not p.requires_grad for p in mod.parameters())
+    assert all(p.requires_grad for p in model.block4.parameters())
+    with torch.no_grad():
+        outs = model.eval()(torch.rand(1, 3, 64, 96))
+    assert [o.shape[1] for o in outs] == [320, 448]
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_registry_builds_under_toolbox_scopes(scope):
+    from mmengine.registry import init_default_scope
+    init_default_scope(scope)
+    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+    assert isinstance(registry.build(dict(type='LaViT', arch='tiny')), LaViT)
+    assert isinstance(registry.build(dict(type='DiagonalityLoss')), torch.nn.Module)
+    assert isinstance(registry.build(dict(type='AttentionResidualDownsample', in_heads=1,
+                                          out_heads=2)), AttentionResidualDownsample)
+
+
+def test_loss_diag_reaches_detector_losses_and_switch_turns_it_off():
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+    from mmdet.testing import demo_mm_inputs
+    init_default_scope('mmdet')
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'retinanet_lavit_t_1x.py'))
+    cfg.model.backbone.init_cfg = None
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    packed = demo_mm_inputs(1, [[3, 96, 128]], num_items=[2], num_classes=80)
+    data = model.data_preprocessor(packed, training=True)
+    losses = model(**data, mode='loss')
+    assert 'loss_diag' in losses and torch.isfinite(losses['loss_diag'])
+    _, log_vars = model.parse_losses(losses)
+    assert 'loss_diag' in log_vars
+    model.with_backbone_aux_loss = False
+    assert 'loss_diag' not in model(**data, mode='loss')
+
+
+def test_pretrained_loading_drops_head_and_resizes_position_tables(tmp_path):
+    src = LaViT('tiny', pretrain_img_size=256)
+    state = dict(src.state_dict())
+    for key in [k for k in state if k.startswith('block') and '.attn.theta' in k
+                or '.attn.psi' in k]:
+        state.pop(key)  # Θ/Ψ of another size cannot be resized: not in this checkpoint
+    state['head.weight'] = torch.zeros(1000, 448)
+    torch.save({'model': state}, tmp_path / 'lavit_t.pth')
+    ckpt = str(tmp_path / 'lavit_t.pth')
+    model = LaViT('tiny', init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+    model.init_weights()
+    assert model.pos_embed1.shape == (1, 56 * 56, 64)
+    torch.testing.assert_close(model.block1[0].attn.q.weight, src.block1[0].attn.q.weight)
+
+
+def test_window_stage_equals_paper_form_on_each_window():
+    """Stage 3 on a 28x42 grid = 2x3 windows, each the dense (paper) stage on its 14x14 crop."""
+    torch.manual_seed(0)
+    dense = LaViT('tiny', la_mode='dense', out_indices=(2, ))
+    for m in dense.modules():
+        if isinstance(m, LessAttention):
+            m.psi.weight.data.add_(0.05 * torch.randn_like(m.psi.weight))
+    window = LaViT('tiny', la_mode='window', out_indices=(2, ))
+    window.load_state_dict(dense.state_dict())
+    tokens = torch.randn(1, 28 * 42, 320)
+    with torch.no_grad():
+        out, carry = window.eval()._stage(2, tokens, (28, 42), None, None)
+        grid = out.reshape(28, 42, 320)
+        for a in range(2):
+            for b in range(3):
+                crop = tokens.reshape(28, 42, 320)[14 * a:14 * a + 14, 14 * b:14 * b + 14]
+                ref, _ = dense.eval()._stage(2, crop.reshape(1, 196, 320), (14, 14), None, None)
+                torch.testing.assert_close(
+                    grid[14 * a:14 * a + 14, 14 * b:14 * b + 14].reshape(1, 196, 320), ref,
+                    rtol=1e-5, atol=1e-5)
+    assert carry['scores'].shape == (6, 5, 196, 49)
+
+
+def test_key_mask_marks_padding_only_cells():
+    model = LaViT('tiny')
+    assert model._key_mask(2, (28, 28), (2, 2), 1, 'cpu') is None
+    mask = model._key_mask(2, (21, 28), (2, 2), 2, 'cpu')   # rows 21..27 are padding
+    assert mask.shape == (8, 1, 1, 49)
+    grid = mask[:4].reshape(2, 2, 7, 7)  # windows (a, b), key rows, key cols
+    assert not grid[0].any()                               # top windows: all real
+    assert grid[1, :, 4:].all() and not grid[1, :, :4].any()  # key rows 11..13 = padding

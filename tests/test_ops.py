@@ -1,0 +1,326 @@
+"""mmeffvit.ops: compiled operators against their PyTorch references, gradcheck, errors, models."""
+import pytest
+import torch
+
+from mmeffvit import ops
+from mmeffvit.models import FLattenPVT
+from mmeffvit.ops import (focus_feature_map, focus_feature_map_ref, linear_attention,
+                          linear_attention_ref)
+
+needs_ext = pytest.mark.skipif(ops.load_ext() is None, reason='mmeffvit._ext is not built')
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or ops.load_ext() is None
+    or not ops.load_ext().compiled_with_cuda(), reason='needs a GPU and the CUDA build')
+
+
+@pytest.fixture
+def ops_on(monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+
+
+def naive_attention(q, k, v, normalizer='mean', eps=1e-6, tau=1.0, clamp_min=100.):
+    """The explicit N×n form: o_i = τ Σ_j (q_i·k_j) v_j / normaliser_i (independent reference)."""
+    a = q @ k.transpose(-2, -1)  # (B, h, N, n)
+    n = k.shape[-2]
+    if normalizer == 'mean':
+        den = a.sum(-1, keepdim=True) / n + eps
+        return tau * (a @ v) / n / den
+    return tau * (a @ v) / a.sum(-1, keepdim=True).clamp(min=clamp_min)
+
+
+def naive_focus(x, scale, p, eps=1e-6):
+    """Per-token loop over the definition of eq. 5-6 (independent of both implementations)."""
+    sp = torch.log1p(torch.exp(scale.double().reshape(-1)))
+    out = torch.empty(x.shape, dtype=torch.float64)
+    for idx, row in enumerate(x.double().reshape(-1, x.shape[-1])):
+        t = (row.clamp(min=0) + eps) / sp
+        u = t ** p
+        out.view(-1, x.shape[-1])[idx] = u * t.square().sum().sqrt() / u.square().sum().sqrt()
+    return out
+
+
+# ---------------------------------------------------------------- focus_feature_map
+@needs_ext
+@pytest.mark.parametrize('p', [3, 2.5])
+def test_focus_matches_naive_and_reference(ops_on, p):
+    x = torch.randn(2, 7, 37)
+    scale = torch.randn(1, 1, 37)
+    out = focus_feature_map(x, scale, p)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), naive_focus(x, scale, p), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, focus_feature_map_ref(x, scale, p), rtol=1e-5, atol=1e-6)
+
+
+@needs_ext
+@pytest.mark.parametrize('p', [3, 1.7])
+def test_focus_gradcheck_float64(ops_on, p):
+    x = torch.randn(3, 5, 13, dtype=torch.float64)
+    x[0, 0, :4] = -1.0  # ReLU-dead entries
+    scale = torch.randn(13, dtype=torch.float64).mul(3).requires_grad_()
+    scale.data[0] = 25.  # the softplus linear branch
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, s: focus_feature_map(a, s, p), (x, scale))
+
+
+@needs_ext
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
+def test_focus_dtypes_and_grads_against_reference(ops_on, dtype, tol):
+    x = torch.randn(4, 33, 24).to(dtype)
+    scale = torch.randn(1, 1, 24)
+    xa, sa = x.clone().requires_grad_(), scale.clone().requires_grad_()
+    xb, sb = x.clone().requires_grad_(), scale.clone().requires_grad_()
+    ya = focus_feature_map(xa, sa)
+    with torch.no_grad():  # the reference in fp32 from the same (rounded) inputs
+        yb_val = focus_feature_map_ref(x.float(), scale)
+    torch.testing.assert_close(ya, yb_val, rtol=tol, atol=tol)
+    g = torch.randn_like(ya)
+    ya.backward(g)
+    focus_feature_map_ref(xb.float(), sb).backward(g)
+    assert xa.grad.dtype == dtype
+    torch.testing.assert_close(xa.grad.float(), xb.grad.float(),
+                               rtol=1e-2 if dtype == torch.bfloat16 else 1e-4, atol=1e-4)
+    torch.testing.assert_close(sa.grad, sb.grad, rtol=1e-4, atol=1e-4)
+
+
+@needs_ext
+def test_focus_non_contiguous_and_one_token(ops_on):
+    base = torch.randn(3, 24, 10)
+    x = base.transpose(1, 2)  # (3, 10, 24), non-contiguous
+    scale = torch.randn(24)
+    torch.testing.assert_close(focus_feature_map(x, scale), focus_feature_map_ref(x, scale))
+    one = torch.randn(1, 1, 5)
+    torch.testing.assert_close(focus_feature_map(one, scale[:5]),
+                               focus_feature_map_ref(one, scale[:5]))
+
+
+def test_focus_bad_inputs():
+    with pytest.raises(ValueError, match='channels'):
+        focus_feature_map(torch.randn(2, 8), torch.zeros(7))
+    with pytest.raises(TypeError, match='floating'):
+        focus_feature_map(torch.ones(2, 8, dtype=torch.long), torch.zeros(8))
+
+
+# ---------------------------------------------------------------- linear_attention
+def qkv(B=2, h=3, N=11, n=7, d=5, e=6, dtype=torch.float64, positive=True):
+    g = torch.Generator().manual_seed(0)
+    f = (lambda t: t.abs()) if positive else (lambda t: t)
+    return (f(torch.randn(B, h, N, d, generator=g)).to(dtype),
+            f(torch.randn(B, h, n, d, generator=g)).to(dtype),
+            torch.randn(B, h, n, e, generator=g).to(dtype))
+
+
+@needs_ext
+@pytest.mark.parametrize('normalizer', ['mean', 'sum'])
+def test_attention_matches_naive(ops_on, normalizer):
+    q, k, v = qkv()
+    clamp = 2.0  # some rows above, some below the clamp
+    out = linear_attention(q, k, v, normalizer, clamp_min=clamp)
+    torch.testing.assert_close(out, naive_attention(q, k, v, normalizer, clamp_min=clamp))
+    torch.testing.assert_close(out, linear_attention_ref(q, k, v, normalizer, clamp_min=clamp))
+
+
+@needs_ext
+@pytest.mark.parametrize('normalizer,identity', [('mean', False), ('sum', False), ('sum', True)])
+def test_attention_gradcheck_float64(ops_on, normalizer, identity):
+    q, k, v = qkv(N=9, n=6, d=3, e=3 if identity else 4)
+    tau = torch.rand(3, 1, 1, dtype=torch.float64) + 0.5 if normalizer == 'sum' else None
+    args = [t.requires_grad_() for t in (q, k, v)]
+    if tau is not None:
+        args.append(tau.requires_grad_())
+
+    def fn(q, k, v, tau=None):
+        return linear_attention(q, k, None if identity else v, normalizer, temperature=tau,
+                                clamp_min=2.0)
+    assert torch.autograd.gradcheck(fn, tuple(args))
+
+
+@needs_ext
+def test_attention_temperature_and_identity_values_against_reference(ops_on):
+    q, k, v = qkv(N=13, n=13, d=4, e=4, dtype=torch.float32)
+    tau = (torch.rand(3, 1, 1) + 0.5).requires_grad_()
+    tau_ref = tau.detach().clone().requires_grad_()
+    out = linear_attention(q, k, None, 'sum', temperature=tau, clamp_min=3.0)
+    ref = linear_attention_ref(q, k, None, 'sum', temperature=tau_ref, clamp_min=3.0)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out, naive_attention(q, k, k, 'sum', tau=tau_ref.view(1, 3, 1, 1),
+                                                    clamp_min=3.0))
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(tau.grad, tau_ref.grad)
+    torch.testing.assert_close(linear_attention(q, k, v, 'mean', temperature=2.0),
+                               2.0 * linear_attention_ref(q, k, v, 'mean'))
+
+
+@needs_ext
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_attention_dtypes_long_sequences(ops_on, dtype, tol):
+    # more rows than one 512-row block; d not a power of two
+    q, k, v = qkv(B=1, h=2, N=1100, n=700, d=24, e=24, dtype=torch.float32)
+    qa, ka, va = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    out = linear_attention(qa, ka, va)
+    assert out.dtype == dtype
+    qr, kr, vr = (t.to(dtype).float().requires_grad_() for t in (q, k, v))
+    ref = linear_attention_ref(qr, kr, vr)
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    g = torch.randn_like(ref)
+    out.backward(g.to(dtype))
+    ref.backward(g)
+    for a, b in ((qa, qr), (ka, kr), (va, vr)):
+        scale = b.grad.abs().max()
+        torch.testing.assert_close(a.grad.float() / scale, b.grad / scale, rtol=tol, atol=tol)
+
+
+@needs_ext
+def test_attention_non_contiguous_and_single_token(ops_on):
+    # heads split from (B, N, h*d) tokens: the layout the model passes (strided rows)
+    B, N, h, d = 2, 10, 2, 6
+    tok = torch.rand(B, N, h * d, dtype=torch.float64)
+    q = tok.reshape(B, N, h, d).transpose(1, 2)
+    v = torch.randn(B, N, h * d, dtype=torch.float64).reshape(B, N, h, d).transpose(1, 2)
+    assert not q.is_contiguous()
+    torch.testing.assert_close(linear_attention(q, q, v), linear_attention_ref(q, q, v))
+    q1, k1, v1 = qkv(N=1, n=1)
+    torch.testing.assert_close(linear_attention(q1, k1, v1), naive_attention(q1, k1, v1))
+    tq = q.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a: linear_attention(a, q, v), (tq,))
+
+
+@needs_ext
+def test_ops_under_bf16_autocast_keep_fp32_inside(ops_on):
+    q, k, v = qkv(N=600, n=600, d=8, e=8, dtype=torch.float32)
+    x = torch.randn(600, 8, requires_grad=True)
+    scale = torch.randn(8)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = linear_attention(q.requires_grad_(), k, v)
+        y = focus_feature_map(x, scale)
+    assert out.dtype == y.dtype == torch.float32
+    torch.testing.assert_close(out, linear_attention_ref(q, k, v))
+    (out.sum() + y.sum()).backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(x.grad).all()
+
+
+def test_attention_bad_inputs(monkeypatch):
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(ValueError, match='shape mismatch'):
+        linear_attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match='4-D'):
+        linear_attention(q[0], k, v)
+    with pytest.raises(TypeError, match='dtype'):
+        linear_attention(q, k.double(), v)
+    with pytest.raises(ValueError, match='normalizer'):
+        linear_attention(q, k, v, 'softmax')
+    with pytest.raises(ValueError, match='temperature'):
+        linear_attention(q, k, v, 'sum', temperature=torch.ones(5))
+
+
+@needs_ext
+def test_compiled_entry_points_check_arguments():
+    ext = ops.load_ext()
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(RuntimeError, match='same dtype'):
+        ext.linear_attention_forward(q, k.double(), v, None, 0, 1e-6, 100.)
+    with pytest.raises(RuntimeError, match='mode'):
+        ext.linear_attention_forward(q, k, v, None, 3, 1e-6, 100.)
+    with pytest.raises(RuntimeError, match='scale must have'):
+        ext.focus_forward(torch.randn(4, 8), torch.zeros(3), 3.0, 1e-6)
+    with pytest.raises(RuntimeError, match='floating'):
+        ext.focus_forward(torch.ones(4, 8, dtype=torch.int32), torch.zeros(8), 3.0, 1e-6)
+    if not ext.compiled_with_cuda():
+        meta = torch.empty(4, 8, device='meta')
+        with pytest.raises(RuntimeError, match='CPU or CUDA'):
+            ext.focus_forward(meta, torch.zeros(8, device='meta'), 3.0, 1e-6)
+
+
+def test_ops_switch(monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '2')
+    with pytest.raises(ValueError, match='MMEFFVIT_OPS'):
+        ops.ops_mode()
+    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+    assert ops.get_ext(torch.zeros(1)) is None
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    if ops.load_ext() is None:
+        with pytest.raises(RuntimeError, match='not built'):
+            ops.get_ext(torch.zeros(1))
+    else:
+        assert ops.get_ext(torch.zeros(1)) is ops.load_ext()
+
+
+# ---------------------------------------------------------------- models, ops on vs off
+@needs_ext
+def test_flatten_pvt_same_outputs_and_grads_with_ops_on_and_off(monkeypatch):
+    torch.manual_seed(0)
+    model = FLattenPVT('tiny').eval()  # eval: no stochastic depth, gradients still flow
+    for name, p in model.named_parameters():  # non-trivial focusing scales
+        if name.endswith('.scale'):
+            p.data.normal_()
+    x = torch.rand(1, 3, 75, 99)
+    results = {}
+    for flag in ('0', '1'):
+        monkeypatch.setenv('MMEFFVIT_OPS', flag)
+        model.zero_grad()
+        outs = model(x)
+        sum(o.square().mean() for o in outs).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[flag] = ([o.detach() for o in outs], grads)
+    for a, b in zip(results['0'][0], results['1'][0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert results['0'][1].keys() == results['1'][1].keys()
+    for name, g in results['0'][1].items():
+        torch.testing.assert_close(results['1'][1][name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+# ---------------------------------------------------------------- CUDA
+@needs_cuda
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cuda_matches_cpu_reference(ops_on, dtype, tol):
+    x = torch.randn(3, 300, 64)
+    scale = torch.randn(64)
+    xc = x.cuda().to(dtype).requires_grad_()
+    sc = scale.cuda().requires_grad_()
+    y = focus_feature_map(xc, sc)
+    xr = x.to(dtype).float().requires_grad_()
+    sr = scale.clone().requires_grad_()
+    yr = focus_feature_map_ref(xr, sr)
+    torch.testing.assert_close(y.cpu(), yr, rtol=tol, atol=tol)
+    g = torch.randn_like(yr)
+    y.backward(g.cuda())
+    yr.backward(g)
+    torch.testing.assert_close(sc.grad.cpu(), sr.grad, rtol=1e-3, atol=1e-3)
+    q, k, v = qkv(B=2, h=2, N=700, n=300, d=32, e=32, dtype=torch.float32)
+    tau = torch.rand(2) + 0.5
+    for normalizer in ('mean', 'sum'):
+        args = [t.cuda().to(dtype).requires_grad_() for t in (q, k, v)]
+        tc = tau.cuda().requires_grad_()
+        out = linear_attention(*args, normalizer, temperature=tc, clamp_min=5.0)
+        refs = [t.to(dtype).float().requires_grad_() for t in (q, k, v)]
+        tr = tau.clone().requires_grad_()
+        ref = linear_attention_ref(*refs, normalizer, temperature=tr, clamp_min=5.0)
+        torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol)
+        g = torch.randn_like(ref)
+        out.backward(g.cuda().to(dtype))
+        ref.backward(g)
+        for a, b in zip(args + [tc], refs + [tr]):
+            s = b.grad.abs().max()
+            torch.testing.assert_close(a.grad.float().cpu() / s, b.grad / s, rtol=tol, atol=tol)
+
+
+@needs_cuda
+def test_cuda_gradcheck_float64(ops_on):
+    q, k, v = (t.cuda().requires_grad_() for t in qkv(N=9, n=6, d=3, e=4))
+    assert torch.autograd.gradcheck(lambda a, b, c: linear_attention(a, b, c), (q, k, v))
+    x = torch.randn(4, 9, dtype=torch.float64, device='cuda', requires_grad=True)
+    s = torch.randn(9, dtype=torch.float64, device='cuda', requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: focus_feature_map(a, b), (x, s))
+
+
+@needs_cuda
+def test_cuda_model_ops_on_off(monkeypatch):
+    model = FLattenPVT('tiny').cuda().eval()
+    x = torch.rand(1, 3, 96, 128, device='cuda')
+    outs = {}
+    for flag in ('0', '1'):
+        monkeypatch.setenv('MMEFFVIT_OPS', flag)
+        with torch.no_grad():
+            outs[flag] = model(x)
+    for a, b in zip(outs['0'], outs['1']):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
