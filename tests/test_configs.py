@@ -2,6 +2,7 @@
 import glob
 import json
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -13,6 +14,32 @@ import mmeffvit  # noqa: F401
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
 CONFIGS = [c for c in CONFIGS if '/_base_/' not in c]
+
+# the default run checks the smallest variant of each detector/segmentor + family; the larger
+# variants (same code, more and wider layers) run with -m slow
+_SIZE_RANK = {'t': 0, 'b0': 0, 's0': 0, 's': 1, 'b1': 1, 's1': 1, 'm': 2, 'b2': 2, 's2': 2,
+              'b': 3, 'l': 3}
+
+
+def _group_and_rank(path):
+    stem = osp.splitext(osp.basename(path))[0]
+    match = re.match(r'(.+?)_(t|s|m|b|l|b\d|s\d)_(.+)$', stem)
+    if match is None:
+        return stem, 0
+    return f'{match.group(1)}_{match.group(3)}', _SIZE_RANK[match.group(2)]
+
+
+def _params():
+    best = {}
+    for path in CONFIGS:
+        group, rank = _group_and_rank(path)
+        best[group] = min(best.get(group, rank), rank)
+    params = []
+    for path in CONFIGS:
+        group, rank = _group_and_rank(path)
+        marks = () if rank == best[group] else (pytest.mark.slow, )
+        params.append(pytest.param(path, marks=marks, id=osp.relpath(path, ROOT)))
+    return params
 
 
 # configs that differ only in schedule or data (1x / 3x) share a model: check each model once
@@ -63,7 +90,7 @@ def seg_losses(cfg):
     return model, model(**data, mode='loss')
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=[osp.relpath(c, ROOT) for c in CONFIGS])
+@pytest.mark.parametrize('path', _params())
 def test_config_builds_and_computes_losses(path):
     cfg = load(path)
     scope = cfg.default_scope
