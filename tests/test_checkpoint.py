@@ -67,3 +67,10 @@ def test_unwrap_state_dict_layouts(wrap):
 def test_unwrap_rejects_non_tensor_values():
     with pytest.raises(TypeError, match='not tensors'):
         unwrap_state_dict({'model': {'a': 1}})
+
+
+def test_unwrap_with_explicit_prefix():
+    ckpt = {'state_dict': {'backbone.a': torch.ones(1), 'neck.b': torch.ones(1)}}
+    assert list(unwrap_state_dict(ckpt, prefix='neck.')) == ['b']
+    with pytest.raises(KeyError, match='prefix'):
+        unwrap_state_dict(ckpt, prefix='head.')

@@ -112,12 +112,13 @@ def _corrupt(path, err):
                         f'({type(err).__name__}: {str(err).splitlines()[0]})')
 
 
-def unwrap_state_dict(ckpt):
+def unwrap_state_dict(ckpt, prefix=None):
     """Return the weights of a checkpoint in any common layout, as a plain ``{name: tensor}``.
 
     Accepts OpenMMLab files (``'state_dict'``), official training files (``'model'``, also
-    ``'state_dict_ema'`` as a last resort) and raw state dicts. Strips DDP's ``module.`` prefix,
-    and keeps only ``backbone.*`` (prefix removed) when the file is a whole detector/segmentor.
+    ``'state_dict_ema'`` as a last resort) and raw state dicts. Strips DDP's ``module.`` prefix.
+    With ``prefix`` (e.g. ``'backbone.'``), keeps only the keys under it, prefix removed;
+    without, keeps only ``backbone.*`` when the file is a whole detector/segmentor.
     """
     if not isinstance(ckpt, dict):
         raise TypeError(f'a checkpoint must be a dict, got {type(ckpt).__name__}')
@@ -126,7 +127,11 @@ def unwrap_state_dict(ckpt):
             ckpt = ckpt[key]
             break
     sd = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in ckpt.items()}
-    if any(k.startswith('backbone.') for k in sd):
+    if prefix:
+        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        if not sd:
+            raise KeyError(f'no key of the checkpoint starts with prefix {prefix!r}')
+    elif any(k.startswith('backbone.') for k in sd):
         sd = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
     bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
     if bad:

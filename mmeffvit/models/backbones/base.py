@@ -157,10 +157,7 @@ class EffBackbone(BaseModule):
                 self.init_cfg = copy.deepcopy(self.default_init_cfg)
                 self._init_random()
                 return
-        state_dict = self.convert_weights(unwrap_state_dict(ckpt))
-        prefix = cfg.get('prefix')
-        if prefix:
-            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        state_dict = self.convert_weights(unwrap_state_dict(ckpt, prefix=cfg.get('prefix')))
         own = self.state_dict()
         mismatched = [k for k, v in state_dict.items() if k in own and own[k].shape != v.shape]
         if mismatched:
