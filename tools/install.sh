@@ -112,7 +112,7 @@ then
   log "mmeffvit: editable install of this checkout present (MMEFFVIT_REBUILD=1 reinstalls)"
 else
   log "mmeffvit: pip install -e ."
-  (cd "$here" && pipi --no-build-isolation --no-deps -e .)
+  (cd "$here" && pipi --no-build-isolation --no-deps --use-pep517 -e .)
 fi
 # the compiled ops (mmeffvit._ext): rebuilt in place only when missing or older than a source
 ext=$(ls "$here"/mmeffvit/_ext*.so 2>/dev/null | head -n1 || true)
