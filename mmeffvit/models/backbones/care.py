@@ -8,13 +8,8 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import at_least_fp32, unknown_choice_error
 from ..layers import kv_first_linear_attention
+from ..layers.window import pad_to_multiple
 from .base import EffBackbone, resolve_arch
-
-
-def _pad_to_multiple(x, multiple):
-    """Zero-pad a ``(B, C, H, W)`` map right/bottom to multiples of ``multiple``."""
-    pad_h, pad_w = -x.shape[-2] % multiple, -x.shape[-1] % multiple
-    return F.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
 def _dwconv(channels, kernel_size, padding):
@@ -142,7 +137,7 @@ class Downsample(nn.Sequential):
                          nn.Conv2d(in_channels, out_channels, 2, stride=2))
 
     def forward(self, x):
-        return self[1](_pad_to_multiple(self[0](x), 2))
+        return self[1](pad_to_multiple(self[0](x), 2))
 
 
 class CAREStage(nn.Module):
@@ -296,7 +291,7 @@ class CARE(EffBackbone):
 
     def forward(self, x):
         # stride-4 stem over a right/bottom zero-padded image: ceil(size / 4) for odd sizes
-        x = self.stem(_pad_to_multiple(x, 4))
+        x = self.stem(pad_to_multiple(x, 4))
         outs = []
         for i, stage in enumerate(self.stages):
             x = stage(x)

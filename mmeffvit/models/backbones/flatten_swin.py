@@ -9,6 +9,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
 from ..layers import FocusedLinearAttention
+from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 #: additive logit given to key/query pairs of one shifted window that come from different
@@ -168,20 +169,14 @@ class FLattenSwinBlock(nn.Module):
         b, n, c = x.shape
         height, width = hw_shape
         window, shift = self.window_and_shift(hw_shape)
-        x = x.view(b, height, width, c)
-        pad_b, pad_r = (-height) % window, (-width) % window
-        if pad_b or pad_r:
-            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
-        hp, wp = height + pad_b, width + pad_r
+        x = pad_to_windows(x.view(b, height, width, c), window)
+        hp, wp = x.shape[1], x.shape[2]
         mask = None
         if shift:
             x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
             mask = shifted_window_mask(hp, wp, window, shift, device=x.device)
-        gh, gw = hp // window, wp // window
-        windows = x.view(b, gh, window, gw, window, c).permute(0, 1, 3, 2, 4, 5)
-        out = self.attn(windows.reshape(-1, window * window, c), window, mask)
-        x = out.view(b, gh, gw, window, window, c).permute(0, 1, 3, 2, 4, 5)
-        x = x.reshape(b, hp, wp, c)
+        out = self.attn(window_partition(x, window), window, mask)
+        x = window_reverse(out, window, hp, wp)
         if shift:
             x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
         return x[:, :height, :width].reshape(b, n, c)
@@ -206,11 +201,7 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
 
     def forward(self, x):
-        p = self.patch_size
-        pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
+        x = self.proj(pad_to_multiple(x, self.patch_size))
         hw = (int(x.shape[-2]), int(x.shape[-1]))
         return self.norm(x.flatten(2).transpose(1, 2)), hw
 

@@ -15,6 +15,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import unknown_choice_error
+from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 from .flatten_swin import relative_position_index, resize_bias_table
 
@@ -157,7 +158,6 @@ class FocalAttention(nn.Module):
         """
         b, hp, wp, c = x.shape
         h, w = self.num_heads, self.window_size
-        gh, gw = hp // w, wp // w
         q, k, v = self.qkv(x).reshape(b, hp * wp, 3, c).unbind(2)
         banks_k, banks_v = [k], [v]
         for p in pooled:
@@ -173,15 +173,13 @@ class FocalAttention(nn.Module):
             return bank[:, flat].reshape(b, nw, n, h, c // h).transpose(2, 3)
 
         keys, values = gather(banks_k), gather(banks_v)
-        q = q.reshape(b, gh, w, gw, w, h, c // h).permute(0, 1, 3, 5, 2, 4, 6)
-        q = q.reshape(b, nw, h, w * w, c // h) * self.scale
+        q = window_partition(q.reshape(b, hp, wp, c), w, num_heads=h) * self.scale
         attn = q @ keys.transpose(-2, -1)  # (B, nW, h, w², N)
         attn = attn + self.key_bias().to(attn.dtype)
         attn = attn + key_mask[None, :, None, None].to(attn.dtype)
         attn = self.attn_drop(attn.softmax(-1))
         out = attn.to(values.dtype) @ values  # (B, nW, h, w², d)
-        out = out.reshape(b, gh, gw, h, w, w, c // h).permute(0, 1, 4, 2, 5, 3, 6)
-        return self.proj_drop(self.proj(out.reshape(b, hp, wp, c)))
+        return self.proj_drop(self.proj(window_reverse(out, w, hp, wp)))
 
 
 class FocalTransformerBlock(nn.Module):
@@ -320,7 +318,7 @@ class FocalTransformerBlock(nn.Module):
             geometry = self.geometry(hw_shape, x.device)
         w = self.window_size
         y = self.norm1(x).view(b, height, width, c)
-        y = F.pad(y, (0, 0, 0, (-width) % w, 0, (-height) % w))
+        y = pad_to_windows(y, w)
         pooled = [self.pool(y, k) for k in range(self.focal_level - 1)]
         y = self.attn(y, pooled, *geometry)
         y = y[:, :height, :width].reshape(b, n, c)
@@ -347,9 +345,7 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims)
 
     def forward(self, x):
-        s = self.stride
-        x = F.pad(x, (0, (-x.shape[-1]) % s, 0, (-x.shape[-2]) % s))
-        x = self.proj(x)
+        x = self.proj(pad_to_multiple(x, self.stride))
         hw = (int(x.shape[-2]), int(x.shape[-1]))
         return self.norm(x.flatten(2).transpose(1, 2)), hw
 

@@ -1,25 +1,18 @@
 """L²ViT: local window attention + clamped linear global attention (Zheng, arXiv 2501.16182)."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ..layers.clamped_linear_attention import clamped_linear_attention
+from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
 
 def _tokens_to_map(x, hw_shape):
     b, n, c = x.shape
     return x.transpose(1, 2).reshape(b, c, *hw_shape)
-
-
-def _pad_to_multiple(x, multiple):
-    """Zero-pad a ``(B, C, H, W)`` map right/bottom to multiples of ``multiple`` (official)."""
-    pad_h = -x.shape[-2] % multiple
-    pad_w = -x.shape[-1] % multiple
-    return F.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
 class CPE(nn.Module):
@@ -116,13 +109,10 @@ class LWABlock(nn.Module):
         b, n, c = x.shape
         ws = self.window_size
         shortcut = self.cpe[0](x, hw_shape)
-        y = self.norm1(shortcut).reshape(b, h, w, c)
-        y = F.pad(y, (0, 0, 0, -w % ws, 0, -h % ws))
+        y = pad_to_windows(self.norm1(shortcut).reshape(b, h, w, c), ws)
         hp, wp = y.shape[1], y.shape[2]
-        y = y.reshape(b, hp // ws, ws, wp // ws, ws, c).permute(0, 1, 3, 2, 4, 5)
-        y = self.attn(y.reshape(-1, ws * ws, c))
-        y = y.reshape(b, hp // ws, wp // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5)
-        y = y.reshape(b, hp, wp, c)[:, :h, :w].reshape(b, n, c)
+        y = window_reverse(self.attn(window_partition(y, ws)), ws, hp, wp)
+        y = y[:, :h, :w].reshape(b, n, c)
         x = self.cpe[1](shortcut + self.drop_path(y), hw_shape)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -186,7 +176,7 @@ class PatchEmbed(nn.Module):
         """Args: x image ``(B, C, H, W)`` (stem) or tokens ``(B, N, C)`` with ``hw_shape``."""
         if x.dim() == 3:
             x = _tokens_to_map(self.norm(x), hw_shape)
-        x = self.proj(_pad_to_multiple(x, self.stride))
+        x = self.proj(pad_to_multiple(x, self.stride))
         hw = (int(x.shape[-2]), int(x.shape[-1]))
         x = x.flatten(2).transpose(1, 2)
         return (self.norm(x) if self.stride == 4 else x), hw

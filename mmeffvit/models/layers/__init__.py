@@ -4,9 +4,11 @@ from .focused_linear_attention import (FocusedLinearAttention, focus_feature_map
 from .attention_residual import AttentionResidualDownsample
 from .less_attention import LessAttention, VanillaAttention
 from .spatial_reduction_attention import SpatialReductionAttention
+from .window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 
 __all__ = [
     'FocusedLinearAttention', 'focus_feature_map', 'kv_first_linear_attention',
     'SpatialReductionAttention', 'clamped_linear_attention', 'AttentionResidualDownsample',
-    'LessAttention', 'VanillaAttention'
+    'LessAttention', 'VanillaAttention',
+    'pad_to_multiple', 'pad_to_windows', 'window_partition', 'window_reverse'
 ]
