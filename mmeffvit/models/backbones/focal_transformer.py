@@ -15,6 +15,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import unknown_choice_error
+from ..layers.norm import LayerNormFP32
 from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 from .flatten_swin import relative_position_index, resize_bias_table
@@ -227,12 +228,12 @@ class FocalTransformerBlock(nn.Module):
                 self.pool_layers.append(layer)
             elif pool_method == 'conv':
                 self.pool_layers.append(nn.Conv2d(dim, dim, side, stride=side, groups=dim))
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = LayerNormFP32(dim)
         self.attn = FocalAttention(dim, num_heads, window_size, expand_size, focal_level,
                                    focal_window, qkv_bias=qkv_bias, attn_drop=attn_drop,
                                    proj_drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = LayerNormFP32(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
 
     def geometry_key(self, hw_shape):
@@ -342,7 +343,7 @@ class PatchEmbed(nn.Module):
         else:
             kernel, padding = stride, 0
         self.proj = nn.Conv2d(in_channels, embed_dims, kernel, stride=stride, padding=padding)
-        self.norm = nn.LayerNorm(embed_dims)
+        self.norm = LayerNormFP32(embed_dims)
 
     def forward(self, x):
         x = self.proj(pad_to_multiple(x, self.stride))
@@ -487,7 +488,7 @@ class FocalTransformer(EffBackbone):
             down = (PatchEmbed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None)
             self.layers.append(FocalStage(blocks, down))
         for i in out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i]))
+            self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
 
     @property

@@ -6,6 +6,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ..layers.clamped_linear_attention import clamped_linear_attention
+from ..layers.norm import LayerNormFP32
 from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -98,10 +99,10 @@ class LWABlock(nn.Module):
         super().__init__()
         self.window_size = window_size
         self.cpe = nn.ModuleList([CPE(dims), CPE(dims)])
-        self.norm1 = nn.LayerNorm(dims)
+        self.norm1 = LayerNormFP32(dims)
         self.attn = WindowAttention(dims, num_heads, qkv_bias)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dims)
+        self.norm2 = LayerNormFP32(dims)
         self.mlp = Mlp(dims, int(dims * mlp_ratio))
 
     def forward(self, x, hw_shape):
@@ -124,12 +125,12 @@ class LGABlock(nn.Module):
                  min_denominator=100., norm_cfg=dict(type='BN')):
         super().__init__()
         self.cpe = nn.ModuleList([CPE(dims)])
-        self.norm1 = nn.LayerNorm(dims)
+        self.norm1 = LayerNormFP32(dims)
         self.attn = LinearAttention(dims, num_heads, qkv_bias, min_denominator)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm3 = nn.LayerNorm(dims)
+        self.norm3 = LayerNormFP32(dims)
         self.local_mp = LCM(dims, norm_cfg=norm_cfg)
-        self.norm2 = nn.LayerNorm(dims)
+        self.norm2 = LayerNormFP32(dims)
         self.mlp = Mlp(dims, int(dims * mlp_ratio))
 
     def forward(self, x, hw_shape):
@@ -167,10 +168,10 @@ class PatchEmbed(nn.Module):
         self.stride = stride
         if stride == 4:
             self.proj = ConvStem(in_channels, dims, norm_cfg)
-            self.norm = nn.LayerNorm(dims)
+            self.norm = LayerNormFP32(dims)
         else:
             self.proj = nn.Conv2d(in_channels, dims, 2, stride=2)
-            self.norm = nn.LayerNorm(in_channels)
+            self.norm = LayerNormFP32(in_channels)
 
     def forward(self, x, hw_shape=None):
         """Args: x image ``(B, C, H, W)`` (stem) or tokens ``(B, N, C)`` with ``hw_shape``."""
@@ -287,7 +288,7 @@ class L2ViT(EffBackbone):
                          min_denominator, norm_cfg)
                 for j in range(depths[i])]))
         for i in out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+            self.add_module(f'norm{i}', LayerNormFP32(dims[i]))
         self._freeze_stages()
 
     @property

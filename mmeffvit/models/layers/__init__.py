@@ -3,6 +3,7 @@ from .focused_linear_attention import (FocusedLinearAttention, focus_feature_map
                                        kv_first_linear_attention)
 from .attention_residual import AttentionResidualDownsample
 from .less_attention import LessAttention, VanillaAttention
+from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 from .window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 
@@ -10,5 +11,5 @@ __all__ = [
     'FocusedLinearAttention', 'focus_feature_map', 'kv_first_linear_attention',
     'SpatialReductionAttention', 'clamped_linear_attention', 'AttentionResidualDownsample',
     'LessAttention', 'VanillaAttention',
-    'pad_to_multiple', 'pad_to_windows', 'window_partition', 'window_reverse'
+    'LayerNormFP32', 'pad_to_multiple', 'pad_to_windows', 'window_partition', 'window_reverse'
 ]
