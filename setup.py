@@ -19,18 +19,21 @@ def ext_modules():
     root = os.path.join('mmeffvit', 'ops', 'csrc')
     sources = sorted(glob.glob(os.path.join(root, 'pytorch', '*.cpp')) +
                      glob.glob(os.path.join(root, 'pytorch', 'cpu', '*.cpp')))
-    # torch >= 2.10 headers need C++20; an explicit -std also stops torch adding -std=c++17
-    args = {'cxx': ['-O3', '-std=c++20']}
+    # torch >= 2.10 headers need C++20; an explicit -std also stops torch adding -std=c++17.
+    # at::parallel_for is inline OpenMP: without -fopenmp the CPU kernels silently run on one
+    # thread (measured: no speed-up from 1 to 2 threads). torch's own libgomp is the one loaded.
+    args = {'cxx': ['-O3', '-std=c++20', '-fopenmp']}
+    link = ['-fopenmp']
     include = [os.path.abspath(os.path.join(root, 'common'))]
     if torch.cuda.is_available() or os.environ.get('FORCE_CUDA') == '1':
         sources += sorted(glob.glob(os.path.join(root, 'pytorch', 'cuda', '*.cu')))
         args['cxx'].append('-DWITH_CUDA')
         args['nvcc'] = ['-O3', '-std=c++20', '-DWITH_CUDA', '--expt-relaxed-constexpr']
         ext = CUDAExtension('mmeffvit._ext', sources, include_dirs=include,
-                            extra_compile_args=args)
+                            extra_compile_args=args, extra_link_args=link)
     else:
         ext = CppExtension('mmeffvit._ext', sources, include_dirs=include,
-                           extra_compile_args=args)
+                           extra_compile_args=args, extra_link_args=link)
     return [ext], {'build_ext': BuildExtension}
 
 

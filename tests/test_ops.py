@@ -4,8 +4,8 @@ import torch
 
 from mmeffvit import ops
 from mmeffvit.models import FLattenPVT
-from mmeffvit.ops import (focus_feature_map, focus_feature_map_ref, linear_attention,
-                          linear_attention_ref)
+from mmeffvit.ops import (focus_feature_map, focus_feature_map_ref, focused_linear_attention,
+                          focused_linear_attention_ref, linear_attention, linear_attention_ref)
 
 needs_ext = pytest.mark.skipif(ops.load_ext() is None, reason='mmeffvit._ext is not built')
 needs_cuda = pytest.mark.skipif(
@@ -243,6 +243,110 @@ def test_ops_switch(monkeypatch):
             ops.get_ext(torch.zeros(1))
     else:
         assert ops.get_ext(torch.zeros(1)) is ops.load_ext()
+
+
+# ---------------------------------------------------------------- focused_linear_attention
+def naive_focused(q, k, v, scale, heads, p=3, eps=1e-6):
+    """eq. 5-7 spelled out: per-token focusing, head split, explicit N×n attention, merge."""
+    b, n_q, c = q.shape
+
+    def split(t):
+        return t.reshape(b, t.shape[1], heads, -1).transpose(1, 2)
+    out = naive_attention(split(naive_focus(q, scale, p)), split(naive_focus(k, scale, p)),
+                          split(v.double()), eps=eps)
+    return out.transpose(1, 2).reshape(b, n_q, -1)
+
+
+def fla_inputs(B=2, N=11, n=7, C=12, Ce=None, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, m, C, generator=g).to(dtype) for m in (N, n))
+    v = torch.randn(B, n, Ce or C, generator=g).to(dtype)
+    scale = torch.randn(1, 1, C, generator=g).to(dtype)
+    return q, k, v, scale
+
+
+@needs_ext
+@pytest.mark.parametrize('shape', [(2, 11, 7, 12, 3), (1, 700, 600, 8, 2), (9, 5, 5, 6, 1)])
+def test_focused_matches_naive(ops_on, shape):
+    # (1, 700, 600): one batch of several row blocks (per-thread partial sums);
+    # (9, 5, 5): more batches than threads (each batch reduced by one thread)
+    B, N, n, C, h = shape
+    q, k, v, scale = fla_inputs(B, N, n, C)
+    out = focused_linear_attention(q, k, v, scale, h)
+    torch.testing.assert_close(out, naive_focused(q, k, v, scale, h), rtol=1e-9, atol=1e-12)
+
+
+@needs_ext
+@pytest.mark.parametrize('p', [3, 2.5])
+def test_focused_gradcheck_float64(ops_on, p):
+    q, k, v, scale = fla_inputs(2, 6, 5, 6, Ce=4)
+    q[0, 0, :3] = -1.0  # ReLU-dead entries
+    scale[..., 0] = 25.  # the softplus linear branch
+    args = [t.requires_grad_() for t in (q, k, v, scale)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, d: focused_linear_attention(a, b, c, d, 2, p), args)
+
+
+@needs_ext
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_focused_dtypes_against_reference(ops_on, dtype, tol):
+    q, k, v, scale = fla_inputs(1, 600, 600, 32, dtype=dtype, seed=1)
+    scale = scale.float()
+    ins = [t.requires_grad_() for t in (q, k, v, scale)]
+    out = focused_linear_attention(*ins, 4)
+    assert out.dtype == dtype
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, ins, g)
+    ref = focused_linear_attention_ref(*ins, 4)
+    ref_grads = torch.autograd.grad(ref, ins, g)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+    for a, b in zip(grads, ref_grads):
+        assert a.dtype == b.dtype
+        err = (a.float() - b.float()).abs().max() / b.float().abs().max()
+        assert err < tol * 10, err
+
+
+@needs_ext
+def test_focused_non_contiguous_single_token_and_mixed_dtypes(ops_on):
+    # q, k, v as chunks of one fused qkv projection (row stride 3C), as FLatten-Swin passes them
+    qkv = torch.randn(3, 1, 8 * 3, dtype=torch.float64)
+    q, k, v = qkv.chunk(3, dim=-1)
+    scale = torch.randn(8, dtype=torch.float64)
+    torch.testing.assert_close(focused_linear_attention(q, k, v, scale, 2),
+                               naive_focused(q, k, v, scale, 2), rtol=1e-9, atol=1e-12)
+    # bf16 queries with fp32 keys (a positional encoding added under autocast): q's dtype out
+    q32, k32, v32, s32 = fla_inputs(1, 9, 9, 8, dtype=torch.float32)
+    out = focused_linear_attention(q32.bfloat16(), k32, v32, s32, 2)
+    assert out.dtype == torch.bfloat16
+    ref = focused_linear_attention_ref(q32.bfloat16().float(), k32, v32, s32, 2)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_focused_bad_inputs():
+    q, k, v, scale = fla_inputs(dtype=torch.float32)
+    with pytest.raises(ValueError, match='shape mismatch'):
+        focused_linear_attention(q, k[..., :6], v, scale, 3)
+    with pytest.raises(ValueError, match='divisible'):
+        focused_linear_attention(q, k, v, scale, 5)
+    with pytest.raises(ValueError, match='scale has'):
+        focused_linear_attention(q, k, v, scale[..., :4], 3)
+    with pytest.raises(ValueError, match='floating'):
+        focused_linear_attention(q.long(), k, v, scale, 3)
+
+
+@needs_ext
+def test_focused_compiled_entry_points_check_arguments():
+    ext = ops.load_ext()
+    q, k, v, scale = fla_inputs(dtype=torch.float32)
+    with pytest.raises(RuntimeError, match='divisible'):
+        ext.focused_linear_attention_forward(q, k, v, scale, 5, 3.0, 1e-6, 1e-6)
+    with pytest.raises(RuntimeError, match='same dtype'):
+        ext.focused_linear_attention_forward(q, k.double(), v, scale, 3, 3.0, 1e-6, 1e-6)
+    with pytest.raises(RuntimeError, match='at least one key'):
+        ext.focused_linear_attention_forward(q, k[:, :0], v[:, :0], scale, 3, 3.0, 1e-6, 1e-6)
+    with pytest.raises(RuntimeError, match='grad must be'):
+        ext.focused_linear_attention_backward(q[..., :6], q, k, v, scale, torch.zeros(2, 3, 4, 4),
+                                              torch.zeros(2, 3, 4), 3, 3.0, 1e-6, 1e-6)
 
 
 # ---------------------------------------------------------------- models, ops on vs off

@@ -7,9 +7,11 @@ it is not built every op falls back to its reference with a one-time info log.
 """
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
+from .focused_linear_attention import focused_linear_attention, focused_linear_attention_ref
 from .linear_attention import linear_attention, linear_attention_ref
 
 __all__ = [
-    'focus_feature_map', 'focus_feature_map_ref', 'linear_attention', 'linear_attention_ref',
+    'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
+    'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
     'get_ext', 'load_ext', 'ops_mode'
 ]

@@ -11,7 +11,8 @@ multiply-adds are counted:
   ``B·h·N·n·d_v`` for the product with V;
 * the compiled linear-attention operator of :mod:`mmeffvit.ops` (a ``prim::PythonOp`` that
   hides its products from the trace): ``B·h·N·d`` for ``q·mean(k)``, ``B·h·n·d·e`` for ``KᵀV``
-  and ``B·h·N·d·e`` for ``Q(KᵀV)``, the same three products the PyTorch reference spells out.
+  and ``B·h·N·d·e`` for ``Q(KᵀV)``, the same three products the PyTorch reference spells out
+  (also for the fused focusing + attention operator, which receives head views to show h).
   By default the references are traced instead (``use_reference_ops``), so the breakdown does
   not depend on whether the operators are built.
 
@@ -138,6 +139,16 @@ def linear_attention_macs(inputs, outputs):
     return Counter(linear_attention=heads * (n_q * d + n_k * d * e + n_q * d * e))
 
 
+def focused_linear_attention_macs(inputs, outputs):
+    """Compiled fused FLatten attention on head views ``q (B,N,h,d)``, ``k (B,n,h,d)``,
+    ``v (B,n,h,e)``: the three products of :func:`linear_attention_macs` (the focusing function
+    is element-wise)."""
+    q, k, v = _shapes(inputs, 3)
+    batch_heads, n_q, d = q[0] * q[2], q[1], q[3]
+    n_k, e = k[1], v[3]
+    return Counter(linear_attention=batch_heads * (n_q * d + n_k * d * e + n_q * d * e))
+
+
 def no_macs(inputs, outputs):
     """Handle of compiled operators without products (``prim::PythonOp`` cannot be ignored)."""
     return Counter()
@@ -155,6 +166,7 @@ MAC_HANDLES = {
     'aten::_convolution': conv_flop_jit,
     'aten::scaled_dot_product_attention': sdpa_macs,
     'prim::PythonOp.LinearAttentionFunction': linear_attention_macs,
+    'prim::PythonOp.FocusedLinearAttentionFunction': focused_linear_attention_macs,
 }
 
 

@@ -1,11 +1,13 @@
 """Benchmark mmeffvit's compiled attention operators against the PyTorch composite, in one run.
 
 Measures, at the token counts of FLatten-PVT-T stages 1-2 for an 800×1333 input, the attention
-path of :class:`FocusedLinearAttention` (focusing function on q and k, head split, kv-first
-linear attention, head merge; the DWC and projections are identical in both paths and left out):
-latency (median of ``--reps`` runs) and peak memory, forward (inference, no grad) and
-forward+backward, ops (``MMEFFVIT_OPS=1``) vs composite (``MMEFFVIT_OPS=0``). Then the whole
-FLatten-PVT-T backbone at 800×1333 with ops on and off.
+path of :class:`FocusedLinearAttention` (:func:`mmeffvit.ops.focused_linear_attention`:
+focusing function on q and k, head split, kv-first linear attention, head merge; the DWC and
+projections are identical in both paths and left out), plus FLatten-Swin-T's stage-1 windows:
+latency (median of ``--reps`` runs, the two paths interleaved so that load changes hit both) and
+peak memory, forward (inference, no grad) and forward+backward, ops (``MMEFFVIT_OPS=1``) vs
+composite (``MMEFFVIT_OPS=0``). Then the whole FLatten-PVT-T backbone at 800×1333 with ops on
+and off: inference forward and one training step.
 
 Peak memory: ``tracemalloc`` does not see torch's allocations, and RSS is blurred by the malloc
 arena, so the run is repeated under ``torch.profiler`` with ``profile_memory=True``: every
@@ -25,10 +27,12 @@ import torch
 
 from mmeffvit import ops
 from mmeffvit.models import FLattenPVT
-from mmeffvit.models.layers import focus_feature_map, kv_first_linear_attention
 
-STAGES = {'stage1 (N=200x334, C=64, h=1)': (200 * 334, 64, 1),
-          'stage2 (N=100x167, C=128, h=2)': (100 * 167, 128, 2)}
+# (batches, tokens, channels, heads): FLatten-PVT-T stages 1-2 attend globally (sr 1); the
+# FLatten-Swin-T stage-1 row is the many-small-windows case (29 x 48 windows of 7x7)
+STAGES = {'PVT-T stage1 (N=200x334, C=64)': (1, 200 * 334, 64, 1),
+          'PVT-T stage2 (N=100x167, C=128)': (1, 100 * 167, 128, 2),
+          'Swin-T stage1 (1392 x 49, C=96)': (29 * 48, 49, 96, 3)}
 
 
 def sync(device):
@@ -37,16 +41,8 @@ def sync(device):
 
 
 def attention_path(q, k, v, scale, heads):
-    b, n, c = q.shape
-    d = c // heads
-
-    def split(t):
-        return t.reshape(b, -1, heads, d).transpose(1, 2)
-
-    qf = focus_feature_map(q, scale)
-    kf = focus_feature_map(k, scale)
-    out = kv_first_linear_attention(split(qf), split(kf), split(v.float()))
-    return out.transpose(1, 2).reshape(b, n, c)
+    """What ``FocusedLinearAttention.attend`` runs between the projections and the DWC."""
+    return ops.focused_linear_attention(q, k, v, scale, heads)
 
 
 def run_once(inputs, heads, backward):
@@ -58,16 +54,19 @@ def run_once(inputs, heads, backward):
     return None
 
 
-def latency(fn, device, reps):
-    fn()  # warm-up
-    times = []
+def latencies(fns, device, reps):
+    """Median seconds of each function, runs interleaved so that load changes hit all alike."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
     for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def peak_bytes(fn, device):
@@ -109,12 +108,12 @@ def with_ops(flag, fn):
             os.environ['MMEFFVIT_OPS'] = old
 
 
-def bench_stage(n, c, heads, device, dtype, reps):
+def bench_stage(nb, n, c, heads, device, dtype, reps):
     g = torch.Generator().manual_seed(0)
     rows = []
     for backward in (False, True):
         def make():
-            ts = [torch.randn(1, n, c, generator=g).to(device, dtype) for _ in range(3)]
+            ts = [torch.randn(nb, n, c, generator=g).to(device, dtype) for _ in range(3)]
             ts.append(torch.randn(1, 1, c, generator=g).to(device))
             return [t.requires_grad_(backward) for t in ts]
         inputs = make()
@@ -123,26 +122,33 @@ def bench_stage(n, c, heads, device, dtype, reps):
             for t in inputs:
                 t.grad = None
             return run_once(inputs, heads, backward)
-        res = {}
-        for flag in ('0', '1'):
-            t = with_ops(flag, lambda: latency(fn, device, reps))
-            m = with_ops(flag, lambda: peak_bytes(fn, device))
-            res[flag] = (t, m)
+        t0, t1 = latencies([lambda: with_ops('0', fn), lambda: with_ops('1', fn)], device, reps)
+        res = {'0': (t0, with_ops('0', lambda: peak_bytes(fn, device))),
+               '1': (t1, with_ops('1', lambda: peak_bytes(fn, device)))}
         rows.append(('fwd+bwd' if backward else 'fwd', res))
     return rows
 
 
-def bench_backbone(device, dtype, reps):
-    model = FLattenPVT('tiny').to(device).eval()
+def bench_backbone(device, dtype, reps, backward):
+    """FLatten-PVT-T at 800×1333: inference forward, or a training step (forward + backward)."""
+    model = FLattenPVT('tiny').to(device)
+    model.train(backward)
     x = torch.rand(1, 3, 800, 1333, device=device)
-    res = {}
-    for flag in ('0', '1'):
-        def fn():
-            with torch.no_grad(), torch.autocast(device, dtype=dtype,
-                                                 enabled=dtype != torch.float32):
-                model(x)
-        res[flag] = with_ops(flag, lambda: latency(fn, device, reps))
-    return res
+
+    def fn():
+        with torch.set_grad_enabled(backward), torch.autocast(
+                device, dtype=dtype, enabled=dtype != torch.float32):
+            outs = model(x)
+        if backward:
+            model.zero_grad(set_to_none=True)
+            sum(o.float().mean() for o in outs).backward()
+    t0, t1 = latencies([lambda: with_ops('0', fn), lambda: with_ops('1', fn)], device, reps)
+    res = {'0': t0, '1': t1}
+    if device == 'cuda' or not backward:
+        return res, None
+    m0 = with_ops('0', lambda: peak_bytes(fn, device))
+    m1 = with_ops('1', lambda: peak_bytes(fn, device))
+    return res, (m0, m1)
 
 
 def main():
@@ -162,17 +168,20 @@ def main():
             f"| op MiB | mem ratio |")
     print(head)
     print('|' + '|'.join('-' * (len(x)) for x in head.split('|')[1:-1]) + '|')
-    for name, (n, c, h) in STAGES.items():
-        for mode, res in bench_stage(n, c, h, args.device, dtype, args.reps):
+    for name, (nb, n, c, h) in STAGES.items():
+        for mode, res in bench_stage(nb, n, c, h, args.device, dtype, args.reps):
             (t0, m0), (t1, m1) = res['0'], res['1']
             print(f'| {name:31s} | {mode:7s} | {t0 * 1e3:12.1f} | {t1 * 1e3:6.1f} | '
                   f'{t0 / t1:7.2f}x | {m0 / 2**20:13.1f} | {m1 / 2**20:6.1f} | {m1 / m0:8.2f}x |',
                   flush=True)
     if not args.no_backbone:
-        res = bench_backbone(args.device, dtype, args.backbone_reps)
-        print(f'| FLatten-PVT-T 800x1333 backbone | fwd     | {res["0"] * 1e3:12.1f} | '
-              f'{res["1"] * 1e3:6.1f} | {res["0"] / res["1"]:7.2f}x |               |        '
-              f'|           |')
+        for backward in (False, True):
+            res, mem = bench_backbone(args.device, dtype, args.backbone_reps, backward)
+            m = (f'{mem[0] / 2**20:13.1f} | {mem[1] / 2**20:6.1f} | {mem[1] / mem[0]:8.2f}x'
+                 if mem else f'{"":13s} | {"":6s} | {"":9s}')
+            print(f'| {"FLatten-PVT-T 800x1333":31s} | {"fwd+bwd" if backward else "fwd":7s} | '
+                  f'{res["0"] * 1e3:12.1f} | {res["1"] * 1e3:6.1f} | '
+                  f'{res["0"] / res["1"]:7.2f}x | {m} |', flush=True)
 
 
 if __name__ == '__main__':

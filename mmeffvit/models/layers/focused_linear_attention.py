@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ... import ops
-from ...utils import at_least_fp32, resize_token_grid
+from ...utils import resize_token_grid
 
 
 def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
@@ -175,12 +175,10 @@ class FocusedLinearAttention(BaseModule):
         def heads(t):
             return t.reshape(b, -1, h, d).transpose(1, 2)
 
-        # the focusing power and the attention sums stay in fp32 under autocast
+        # the focusing power and the attention sums stay in fp32 under autocast; one fused
+        # operator (mmeffvit.ops) or its PyTorch reference
         with torch.autocast(device_type=q.device.type, enabled=False):
-            qf = focus_feature_map(q, self.scale, self.focusing_factor)
-            kf = focus_feature_map(k, self.scale, self.focusing_factor)
-            out = kv_first_linear_attention(heads(qf), heads(kf), heads(at_least_fp32(v)))
-        out = out.transpose(1, 2).reshape(b, n, c).to(q.dtype)
+            out = ops.focused_linear_attention(q, k, v, self.scale, h, self.focusing_factor)
 
         # rank restoration: depthwise conv on V, one kernel set shared by every head
         v_grid = heads(v).reshape(b * h, *kv_hw, d).permute(0, 3, 1, 2)

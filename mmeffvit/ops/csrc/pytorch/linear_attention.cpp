@@ -56,7 +56,53 @@ at::Tensor check_temp(const c10::optional<at::Tensor>& temp, const at::Tensor& q
   return temp->reshape({q.size(1)});
 }
 
+void check_focused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& scale, int64_t heads) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+              "focused_linear_attention expects q, k, v of shape (B, N, C), (B, n, C), (B, n, Ce);"
+              " got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  check_float(q, "q");
+  check_same(q, k, "q", "k");
+  check_same(q, v, "q", "v");
+  TORCH_CHECK(q.is_cpu() && scale.is_cpu(),
+              "the fused focused_linear_attention kernel runs on CPU tensors, got ", q.device());
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2) && v.size(0) == k.size(0) &&
+                  v.size(1) == k.size(1),
+              "shape mismatch: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK(k.size(1) > 0, "focused_linear_attention needs at least one key");
+  TORCH_CHECK(heads > 0 && q.size(2) % heads == 0 && v.size(2) % heads == 0,
+              "channels ", q.size(2), " / ", v.size(2), " are not divisible by heads = ", heads);
+  check_float(scale, "scale");
+  TORCH_CHECK(scale.numel() == q.size(2), "scale must have C = ", q.size(2),
+              " entries, got shape ", scale.sizes());
+}
+
 }  // namespace
+
+std::vector<at::Tensor> focused_linear_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v,
+                                                         const at::Tensor& scale, int64_t heads,
+                                                         double p, double focus_eps, double eps) {
+  check_focused(q, k, v, scale, heads);
+  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
+  return focused_linear_attention_forward_cpu(rows_ready(q), rows_ready(k), rows_ready(v),
+                                              scale.reshape({-1}).contiguous(), heads, p,
+                                              focus_eps, eps);
+}
+
+std::vector<at::Tensor> focused_linear_attention_backward(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps) {
+  check_focused(q, k, v, scale, heads);
+  TORCH_CHECK(g.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}) &&
+                  g.scalar_type() == q.scalar_type(),
+              "grad must be (B, N, Ce) of dtype ", q.scalar_type(), ", got ", g.sizes(), " ",
+              g.scalar_type());
+  return focused_linear_attention_backward_cpu(rows_ready(g), rows_ready(q), rows_ready(k),
+                                               rows_ready(v), scale.reshape({-1}).contiguous(),
+                                               kv, ksum, heads, p, focus_eps, eps);
+}
 
 bool compiled_with_cuda() {
 #ifdef WITH_CUDA

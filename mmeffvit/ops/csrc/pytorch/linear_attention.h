@@ -20,6 +20,17 @@ std::vector<at::Tensor> linear_attention_backward_cpu(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& kv, const at::Tensor& ksum, const at::Tensor& temp, int64_t mode, double eps,
     double clamp_min);
+// focusing function and linear attention fused (FLatten): q (B, N, C), k (B, n, C), v (B, n, Ce)
+// raw projections with unit stride in the last dim, scale (C). Forward returns {out (B, N, Ce),
+// KV state (B, h, d, e), key mean (B, h, d)}; backward {dq, dk, dv, dscale}. CPU only: on CUDA
+// the Python side composes the two CUDA operators.
+std::vector<at::Tensor> focused_linear_attention_forward_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& scale,
+    int64_t heads, double p, double focus_eps, double eps);
+std::vector<at::Tensor> focused_linear_attention_backward_cpu(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps);
 
 #ifdef WITH_CUDA
 at::Tensor focus_forward_cuda(const at::Tensor& x, const at::Tensor& scale, double p, double eps);
@@ -46,6 +57,14 @@ std::vector<at::Tensor> linear_attention_backward(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& kv, const at::Tensor& ksum, const c10::optional<at::Tensor>& temp,
     int64_t mode, double eps, double clamp_min);
+std::vector<at::Tensor> focused_linear_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v,
+                                                         const at::Tensor& scale, int64_t heads,
+                                                         double p, double focus_eps, double eps);
+std::vector<at::Tensor> focused_linear_attention_backward(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps);
 bool compiled_with_cuda();
 
 }  // namespace mmeffvit

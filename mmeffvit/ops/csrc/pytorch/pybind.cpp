@@ -15,5 +15,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "kv-first linear attention backward", py::arg("grad"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("kv"), py::arg("ksum"), py::arg("temperature"), py::arg("mode"),
         py::arg("eps"), py::arg("clamp_min"));
+  m.def("focused_linear_attention_forward", &mmeffvit::focused_linear_attention_forward,
+        "focusing function + kv-first linear attention forward (CPU)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("heads"), py::arg("p"),
+        py::arg("focus_eps"), py::arg("eps"));
+  m.def("focused_linear_attention_backward", &mmeffvit::focused_linear_attention_backward,
+        "focusing function + kv-first linear attention backward (CPU)", py::arg("grad"),
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv"),
+        py::arg("ksum"), py::arg("heads"), py::arg("p"), py::arg("focus_eps"), py::arg("eps"));
   m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
 }

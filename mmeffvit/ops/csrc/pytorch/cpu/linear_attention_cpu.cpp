@@ -1,27 +1,36 @@
-// CPU kernels of the focusing function and of kv-first linear attention.
+// CPU kernels of the focusing function and of kv-first linear attention (plain and fused).
 //
 // Design (why): the composite PyTorch chain writes ~15 full-size tensors; here every full-size
-// quantity is either an input, the output, or a gradient. Row-wise maths (norms, powers,
-// normalisers) runs in one fused pass per row with fp32 (fp64 for double) accumulation, and the
-// only matrix products are (rows x d) @ (d x e) blocks handed to BLAS, so no N x N or N x d
-// temporary exists. Work is split over row blocks with at::parallel_for; reductions over rows use
-// per-thread partial sums that are added at the end (deterministic for a fixed thread count).
+// quantity is an input, the output or a gradient. Tokens are processed in blocks of kRowBlock
+// rows: a block is mapped (focusing function or a dtype conversion) into a small fp32 buffer
+// that stays in cache, then multiplied with the (d x e) state by BLAS. The state reductions are
+// split over batches when there are enough of them (no partial sums at all) and otherwise over
+// row blocks with per-thread partial sums added at the end (deterministic for a fixed thread
+// count). The focusing backward recomputes the per-row norms instead of storing them.
+//
+// One core serves two layouts through `Rows`: the per-head layout (B, h, L, f) of
+// `linear_attention` (a "batch" is one (b, head), one head per row) and the token layout
+// (B, L, h*f) of `focused_linear_attention`, whose rows hold all heads, as the focusing norms
+// need.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 
-#include <dlfcn.h>
-
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "../linear_attention.h"
+#include "cpu_blas.h"
 
 namespace mmeffvit {
 namespace {
 
-constexpr int64_t kRowBlock = 512;  // rows per BLAS block: fits L2 for d, e <= 128
+using cpu::gemm_rm;
+
+constexpr int64_t kRowBlock = 256;  // rows per block: three (256 x 64) fp32 buffers fit L2
 
 template <typename acc_t>
 inline acc_t softplus(acc_t s) {  // torch's default: beta 1, threshold 20
@@ -41,175 +50,373 @@ inline acc_t power(acc_t t, double p) {  // t > 0 always (ReLU + eps)
   return std::pow(t, acc_t(p));
 }
 
-template <typename scalar_t>
-void focus_forward_kernel(const at::Tensor& x, const at::Tensor& scale, at::Tensor& y, double p,
-                          double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const int64_t rows = x.size(0), C = x.size(1);
-  std::vector<acc_t> inv_sp(C);
-  auto s = scale.to(at::toOpMathType(x.scalar_type())).contiguous();
-  const acc_t* sp = s.data_ptr<acc_t>();
-  for (int64_t c = 0; c < C; ++c) inv_sp[c] = acc_t(1) / softplus(sp[c]);
-  const scalar_t* xp = x.data_ptr<scalar_t>();
-  acc_t* yp = y.data_ptr<acc_t>();
-  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xr = xp + r * C;
-      acc_t* yr = yp + r * C;
-      acc_t n1 = 0, n2 = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        acc_t xv = static_cast<acc_t>(xr[c]);
-        acc_t t = (xv > acc_t(0) ? xv : acc_t(0)) + acc_t(eps);
-        t *= inv_sp[c];
-        acc_t u = power(t, p);
-        n1 += t * t;
-        n2 += u * u;
-        yr[c] = u;  // the output row doubles as scratch for t**p
-      }
-      const acc_t ratio = std::sqrt(n1) / std::sqrt(n2);
-      for (int64_t c = 0; c < C; ++c) yr[c] *= ratio;
+// Focusing function parameters: 1 / softplus(scale) per channel, the power and the ReLU eps.
+template <typename acc_t>
+struct Focus {
+  std::vector<acc_t> inv_sp, sp_grad;
+  double p = 3.0, eps = 1e-6;
+  bool on = false;
+  Focus() = default;
+  Focus(const at::Tensor& scale, double p_, double eps_) : p(p_), eps(eps_), on(true) {
+    const at::Tensor s = scale.to(std::is_same_v<acc_t, double> ? at::kDouble : at::kFloat).contiguous();
+    const acc_t* sp = s.data_ptr<acc_t>();
+    for (int64_t c = 0; c < s.numel(); ++c) {
+      inv_sp.push_back(acc_t(1) / softplus(sp[c]));
+      sp_grad.push_back(softplus_grad(sp[c]));
     }
-  });
-}
+  }
+};
 
-template <typename scalar_t>
-void focus_backward_kernel(const at::Tensor& gy, const at::Tensor& x, const at::Tensor& scale,
-                           at::Tensor& gx, at::Tensor& gscale, double p, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const auto acc_type = at::toOpMathType(x.scalar_type());
-  const int64_t rows = x.size(0), C = x.size(1);
-  auto s = scale.to(acc_type).contiguous();
-  const acc_t* sp = s.data_ptr<acc_t>();
-  std::vector<acc_t> inv_sp(C);
-  for (int64_t c = 0; c < C; ++c) inv_sp[c] = acc_t(1) / softplus(sp[c]);
-  const int nt = at::get_num_threads();
-  std::vector<acc_t> partial(static_cast<size_t>(nt) * C, acc_t(0));
-  const acc_t* gp = gy.data_ptr<acc_t>();
-  const scalar_t* xp = x.data_ptr<scalar_t>();
-  scalar_t* gxp = gx.data_ptr<scalar_t>();
-  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    acc_t* part = partial.data() + static_cast<size_t>(at::get_thread_num()) * C;
-    std::vector<acc_t> t(C);
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xr = xp + r * C;
-      const acc_t* gr = gp + r * C;
-      acc_t n1 = 0, n2 = 0, S = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        acc_t xv = static_cast<acc_t>(xr[c]);
-        acc_t tv = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(eps)) * inv_sp[c];
-        acc_t u = power(tv, p);
-        t[c] = tv;
-        n1 += tv * tv;
-        n2 += u * u;
-        S += gr[c] * u;
-      }
-      // y = u * |t| / |u|:  dL/du = r g - r S u / |u|^2,  dL/dt += S t / (|t| |u|)
-      const acc_t l1 = std::sqrt(n1), l2 = std::sqrt(n2);
-      const acc_t ratio = l1 / l2, cu = ratio * S / n2, ct = S / (l1 * l2);
-      for (int64_t c = 0; c < C; ++c) {
-        const acc_t tv = t[c];
-        const acc_t u = power(tv, p);
-        const acc_t du = ratio * gr[c] - cu * u;
-        const acc_t dpow = p == 3.0 ? acc_t(3) * tv * tv : acc_t(p) * power(tv, p - 1.0);
-        const acc_t dt = du * dpow + ct * tv;
-        gxp[r * C + c] = static_cast<scalar_t>(
-            static_cast<acc_t>(xr[c]) > acc_t(0) ? dt * inv_sp[c] : acc_t(0));
-        part[c] -= dt * tv;  // dL/dsoftplus = -dt * t / softplus, finished below
-      }
-    }
-  });
-  acc_t* gs = gscale.data_ptr<acc_t>();
+// y = f_p(t), t = (relu(x) + eps) / softplus(s), f_p(t) = |t| t^p / |t^p| (FLatten eq. 5-6)
+template <typename scalar_t, typename acc_t>
+inline void focus_row(const scalar_t* x, int64_t C, const Focus<acc_t>& f, acc_t* y) {
+  acc_t n1 = 0, n2 = 0;
   for (int64_t c = 0; c < C; ++c) {
-    acc_t sum = 0;
-    for (int i = 0; i < nt; ++i) sum += partial[static_cast<size_t>(i) * C + c];
-    gs[c] = sum * inv_sp[c] * softplus_grad(sp[c]);
+    const acc_t xv = static_cast<acc_t>(x[c]);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
+    const acc_t u = power(t, f.p);
+    n1 += t * t;
+    n2 += u * u;
+    y[c] = u;  // the output row doubles as scratch for t**p
+  }
+  const acc_t ratio = std::sqrt(n1 / n2);
+  for (int64_t c = 0; c < C; ++c) y[c] *= ratio;
+}
+
+// dL/dx of one row given dL/dy (gy); adds -sum(dt * t) per channel to `part` (finished into
+// dL/dscale by the caller). y = u |t| / |u|: dL/du = r g - r S u / |u|^2, dL/dt += S t / (|t||u|)
+template <typename scalar_t, typename acc_t>
+inline void focus_row_backward(const scalar_t* x, const acc_t* gy, int64_t C,
+                               const Focus<acc_t>& f, scalar_t* gx, acc_t* part) {
+  acc_t n1 = 0, n2 = 0, S = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    const acc_t xv = static_cast<acc_t>(x[c]);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
+    const acc_t u = power(t, f.p);
+    n1 += t * t;
+    n2 += u * u;
+    S += gy[c] * u;
+  }
+  const acc_t l1 = std::sqrt(n1), l2 = std::sqrt(n2);
+  const acc_t ratio = l1 / l2, cu = ratio * S / n2, ct = S / (l1 * l2);
+  for (int64_t c = 0; c < C; ++c) {
+    const acc_t xv = static_cast<acc_t>(x[c]);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
+    const acc_t u = power(t, f.p);
+    const acc_t dpow = f.p == 3.0 ? acc_t(3) * t * t : acc_t(f.p) * power(t, f.p - 1.0);
+    const acc_t dt = (ratio * gy[c] - cu * u) * dpow + ct * t;
+    gx[c] = static_cast<scalar_t>(xv > acc_t(0) ? dt * f.inv_sp[c] : acc_t(0));
+    part[c] -= dt * t;
   }
 }
 
-// Fortran BLAS of the BLAS library torch is linked with (MKL or OpenBLAS), found at run time:
-// ATen's cpublas is not exported, and dispatched ATen ops inside a parallel region fight over
-// the threads (measured 8x slower on 2 cores). Naive loops are the fallback if none is found.
-using sgemm_t = void (*)(const char*, const char*, const int*, const int*, const int*,
-                         const float*, const float*, const int*, const float*, const int*,
-                         const float*, float*, const int*);
-using dgemm_t = void (*)(const char*, const char*, const int*, const int*, const int*,
-                         const double*, const double*, const int*, const double*, const int*,
-                         const double*, double*, const int*);
-
-void* find_blas(const char* lower, const char* upper) {
-  void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
-  for (const char* name : {lower, upper}) {
-    void* f = torch_cpu ? dlsym(torch_cpu, name) : nullptr;
-    if (!f) f = dlsym(RTLD_DEFAULT, name);
-    if (f) return f;
-  }
-  return nullptr;
-}
-
-template <typename acc_t>
-void blas_gemm(char ta, char tb, int m, int n, int k, acc_t alpha, const acc_t* a, int lda,
-               const acc_t* b, int ldb, acc_t beta, acc_t* c, int ldc, bool* done) {
-  if constexpr (std::is_same_v<acc_t, float>) {
-    static const auto f = reinterpret_cast<sgemm_t>(find_blas("sgemm_", "SGEMM"));
-    if (f) f(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-    *done = f != nullptr;
-  } else {
-    static const auto f = reinterpret_cast<dgemm_t>(find_blas("dgemm_", "DGEMM"));
-    if (f) f(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-    *done = f != nullptr;
-  }
-}
-
-// Row-major C (M x N, ldc) = alpha op(A) op(B) + beta C, i.e. column-major C^T = op(B)^T op(A)^T.
-template <typename acc_t>
-void gemm_rm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, acc_t alpha, const acc_t* A,
-             int64_t lda, const acc_t* B, int64_t ldb, acc_t beta, acc_t* C, int64_t ldc) {
-  bool done = false;
-  blas_gemm<acc_t>(tb ? 'T' : 'N', ta ? 'T' : 'N', N, M, K, alpha, B, ldb, A, lda, beta, C, ldc,
-                   &done);
-  if (done) return;
-  for (int64_t i = 0; i < M; ++i) {
-    acc_t* c = C + i * ldc;
-    for (int64_t j = 0; j < N; ++j) c[j] = beta == acc_t(0) ? acc_t(0) : c[j] * beta;
-    for (int64_t kk = 0; kk < K; ++kk) {
-      const acc_t a = alpha * (ta ? A[kk * lda + i] : A[i * lda + kk]);
-      if (tb) {
-        for (int64_t j = 0; j < N; ++j) c[j] += a * B[j * ldb + kk];
-      } else {
-        for (int64_t j = 0; j < N; ++j) c[j] += a * B[kk * ldb + j];
-      }
-    }
-  }
-}
-
-// Pointer to row r of head bh of a (B, h, L, f) tensor with unit stride in the last dim.
+// Row r of batch b: base + (b / H) * sb + (b % H) * sh + r * sr, unit stride inside a row.
 template <typename T>
 struct Rows {
   T* base;
   int64_t sb, sh, sr, H;
-  Rows(const at::Tensor& t, int64_t heads)
-      : base(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), sr(t.stride(2)), H(heads) {}
-  T* at(int64_t bh, int64_t r) const { return base + (bh / H) * sb + (bh % H) * sh + r * sr; }
+  T* at(int64_t b, int64_t r) const { return base + (b / H) * sb + (b % H) * sh + r * sr; }
 };
 
-// rows [r0, r0 + len) of one head, converted into a contiguous (len x f) opmath buffer
+template <typename T>
+Rows<T> head_rows(const at::Tensor& t) {  // (B, h, L, f): a batch is one (b, head)
+  return {t.data_ptr<T>(), t.stride(0), t.stride(1), t.stride(2), t.size(1)};
+}
+
+template <typename T>
+Rows<T> token_rows(const at::Tensor& t) {  // (B, L, h*f): a batch is one b
+  return {t.data_ptr<T>(), t.stride(0), 0, t.stride(1), 1};
+}
+
+// The problem: nb batches of N query rows and n key rows, `hin` heads side by side in a row,
+// head dims d (q, k) and e (v). Temperature of head hh in batch b: temp[(b % tH) * hin + hh].
+struct Shape {
+  int64_t nb, N, n, hin, d, e, tH;
+  int64_t mode;  // 0: mean-normalised (FLatten), 1: clamped sum (L2ViT)
+  double eps, clamp_min;
+};
+
+template <typename acc_t>
+inline acc_t denominator(acc_t qm, const Shape& s, bool* pass) {
+  if (s.mode == 0) {
+    *pass = true;
+    return qm + acc_t(s.eps);
+  }
+  *pass = qm >= acc_t(s.clamp_min);  // torch.clamp passes the gradient where x >= min
+  return *pass ? qm : acc_t(s.clamp_min);
+}
+
+// rows [r0, r0 + len) of batch b, mapped (focus) or converted, into a (len x C) buffer
 template <typename scalar_t, typename acc_t>
-void load_rows(const Rows<scalar_t>& t, int64_t bh, int64_t r0, int64_t len, int64_t f,
-               acc_t* dst) {
+void load_block(const Rows<scalar_t>& t, int64_t b, int64_t r0, int64_t len, int64_t C,
+                const Focus<acc_t>* f, acc_t* dst) {
   for (int64_t i = 0; i < len; ++i) {
-    const scalar_t* src = t.at(bh, r0 + i);
-    for (int64_t c = 0; c < f; ++c) dst[i * f + c] = static_cast<acc_t>(src[c]);
+    const scalar_t* src = t.at(b, r0 + i);
+    if (f != nullptr && f->on) {
+      focus_row(src, C, *f, dst + i * C);
+    } else {
+      for (int64_t c = 0; c < C; ++c) dst[i * C + c] = static_cast<acc_t>(src[c]);
+    }
   }
 }
 
-template <typename acc_t>
-inline acc_t denominator(acc_t qm, int64_t mode, double eps, double clamp_min, bool* pass) {
-  if (mode == 0) {
-    *pass = true;
-    return qm + acc_t(eps);
+// Runs f(t0, t1, chunk) over [0, n) in fixed chunks taken from a shared counter: under a loaded
+// machine a descheduled thread's share is taken over by the others (a static split waits for
+// it; measured 2-3x slower on 2 shared cores). Partial sums are kept per chunk, not per thread,
+// so results do not depend on which thread ran what (deterministic for a given thread count).
+inline int64_t chunk_size(int64_t n) {
+  return std::max<int64_t>(1, n / (8 * static_cast<int64_t>(at::get_num_threads())));
+}
+
+inline int64_t num_chunks(int64_t n) { return (n + chunk_size(n) - 1) / chunk_size(n); }
+
+template <typename F>
+void dynamic_for(int64_t n, const F& f) {
+  const int64_t chunk = chunk_size(n);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_chunks(n)), 1,
+                   [&](int64_t, int64_t) {
+                     for (;;) {
+                       const int64_t t0 = next.fetch_add(chunk);
+                       if (t0 >= n) break;
+                       f(t0, std::min(n, t0 + chunk), t0 / chunk);
+                     }
+                   });
+}
+
+// Parallel over batches when there are enough (each batch reduced by one chunk into its own
+// state), else over row blocks with one slot of partial state per chunk.
+inline bool needs_partials(int64_t nb, int64_t rows) {
+  return nb < at::get_num_threads() && rows > kRowBlock;
+}
+
+inline int64_t num_blocks(int64_t rows) {
+  return std::max<int64_t>(1, (rows + kRowBlock - 1) / kRowBlock);
+}
+
+// number of chunks (slots) for_blocks uses
+inline int64_t block_chunks(int64_t nb, int64_t rows) {
+  return num_chunks(needs_partials(nb, rows) ? nb * num_blocks(rows) : nb);
+}
+
+// Runs body(b, r0, len, slot) over every row block of every batch; slot is the chunk index.
+template <typename F>
+void for_blocks(int64_t nb, int64_t rows, F body) {
+  const int64_t nblk = num_blocks(rows);
+  if (!needs_partials(nb, rows)) {
+    dynamic_for(nb, [&](int64_t b0, int64_t b1, int64_t slot) {
+      for (int64_t b = b0; b < b1; ++b)
+        for (int64_t k = 0; k < nblk; ++k) {
+          const int64_t r0 = k * kRowBlock;
+          body(b, r0, std::min(rows, r0 + kRowBlock) - r0, slot);
+        }
+    });
+  } else {
+    dynamic_for(nb * nblk, [&](int64_t t0, int64_t t1, int64_t slot) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / nblk, r0 = (t % nblk) * kRowBlock;
+        body(b, r0, std::min(rows, r0 + kRowBlock) - r0, slot);
+      }
+    });
   }
-  *pass = qm >= acc_t(clamp_min);  // torch.clamp passes the gradient where x >= min
-  return *pass ? qm : acc_t(clamp_min);
+}
+
+// fp32/fp64 scratch as a torch tensor, so that memory profilers see it like any allocation
+template <typename acc_t>
+at::Tensor scratch(int64_t numel) {
+  return at::zeros({numel}, at::TensorOptions().dtype(std::is_same_v<acc_t, double>
+                                                          ? at::kDouble : at::kFloat));
+}
+
+// Forward. kv (nb, hin, d, e) and ks (nb, hin, d) receive the (scaled) state and key sum.
+template <typename scalar_t, typename acc_t>
+void forward_core(const Shape& s, const Rows<scalar_t>& q, const Rows<scalar_t>& k,
+                  const Rows<scalar_t>& v, const Rows<scalar_t>& out, const Focus<acc_t>& f,
+                  const acc_t* temp, acc_t* kv, acc_t* ks) {
+  const int64_t C = s.hin * s.d, Ce = s.hin * s.e, SE = s.hin * s.d * s.e, W = SE + C;
+  const bool used = needs_partials(s.nb, s.n);
+  const int64_t slots = used ? block_chunks(s.nb, s.n) : 0;
+  at::Tensor partial_t = scratch<acc_t>(slots * s.nb * W);  // [KV | key sum] per batch
+  acc_t* partial = partial_t.data_ptr<acc_t>();
+  std::fill(kv, kv + s.nb * SE, acc_t(0));
+  std::fill(ks, ks + s.nb * C, acc_t(0));
+  for_blocks(s.nb, s.n, [&](int64_t b, int64_t r0, int64_t len, int64_t slot) {
+    thread_local std::vector<acc_t> kb, vb;
+    kb.resize(len * C);
+    vb.resize(len * Ce);
+    load_block(k, b, r0, len, C, &f, kb.data());
+    load_block<scalar_t, acc_t>(v, b, r0, len, Ce, nullptr, vb.data());
+    acc_t* st = used ? partial + (slot * s.nb + b) * W : kv + b * SE;
+    acc_t* sum = used ? st + SE : ks + b * C;
+    for (int64_t hh = 0; hh < s.hin; ++hh)
+      gemm_rm<acc_t>(true, false, s.d, s.e, len, 1, kb.data() + hh * s.d, C,
+                     vb.data() + hh * s.e, Ce, 1, st + hh * s.d * s.e, s.e);
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t c = 0; c < C; ++c) sum[c] += kb[i * C + c];
+  });
+  for (int64_t t = 0; t < slots; ++t)
+      for (int64_t b = 0; b < s.nb; ++b) {
+        const acc_t* p = partial + (t * s.nb + b) * W;
+        for (int64_t j = 0; j < SE; ++j) kv[b * SE + j] += p[j];
+        for (int64_t j = 0; j < C; ++j) ks[b * C + j] += p[SE + j];
+      }
+  if (s.mode == 0) {  // mean-normalised: K^T V / n and mean(K)
+    const acc_t scale = acc_t(1) / acc_t(s.n);
+    for (int64_t j = 0; j < s.nb * SE; ++j) kv[j] *= scale;
+    for (int64_t j = 0; j < s.nb * C; ++j) ks[j] *= scale;
+  }
+  const int64_t nblk = (s.N + kRowBlock - 1) / kRowBlock;
+  dynamic_for(s.nb * nblk, [&](int64_t t0, int64_t t1, int64_t) {
+    std::vector<acc_t> qb(kRowBlock * C), ob(kRowBlock * Ce);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / nblk, r0 = (t % nblk) * kRowBlock;
+      const int64_t len = std::min(s.N, r0 + kRowBlock) - r0;
+      load_block(q, b, r0, len, C, &f, qb.data());
+      const acc_t* kvb = kv + b * SE;
+      const acc_t* m = ks + b * C;
+      for (int64_t hh = 0; hh < s.hin; ++hh)
+        gemm_rm<acc_t>(false, false, len, s.e, s.d, 1, qb.data() + hh * s.d, C,
+                       kvb + hh * s.d * s.e, s.e, 0, ob.data() + hh * s.e, Ce);
+      for (int64_t i = 0; i < len; ++i) {
+        scalar_t* o = out.at(b, r0 + i);
+        for (int64_t hh = 0; hh < s.hin; ++hh) {
+          const acc_t* qh = qb.data() + i * C + hh * s.d;
+          acc_t qm = 0;
+          for (int64_t c = 0; c < s.d; ++c) qm += qh[c] * m[hh * s.d + c];
+          bool pass;
+          const acc_t fac = temp[(b % s.tH) * s.hin + hh] / denominator(qm, s, &pass);
+          const acc_t* oh = ob.data() + i * Ce + hh * s.e;
+          for (int64_t c = 0; c < s.e; ++c)
+            o[hh * s.e + c] = static_cast<scalar_t>(oh[c] * fac);
+        }
+      }
+    }
+  });
+}
+
+// Backward. dtemp (nb * hin) receives dL/dtemperature per (batch, head); dscale (C) the
+// gradient of the focusing scale (when focusing).
+template <typename scalar_t, typename acc_t>
+void backward_core(const Shape& s, const Rows<scalar_t>& g, const Rows<scalar_t>& q,
+                   const Rows<scalar_t>& k, const Rows<scalar_t>& v, const Focus<acc_t>& f,
+                   const acc_t* temp, const acc_t* kv, const acc_t* ks,
+                   const Rows<scalar_t>& dq, const Rows<scalar_t>& dk,
+                   const Rows<scalar_t>& dv, acc_t* dtemp, acc_t* dscale) {
+  const int64_t C = s.hin * s.d, Ce = s.hin * s.e, SE = s.hin * s.d * s.e;
+  const int64_t W = SE + C + s.hin;  // dKV, dm, dtemp per batch
+  const bool used = needs_partials(s.nb, s.N);
+  const int64_t slots = used ? block_chunks(s.nb, s.N) : 0;
+  const int64_t nblk_k = num_blocks(s.n);
+  at::Tensor partial_t = scratch<acc_t>(slots * s.nb * W);
+  at::Tensor state_t = scratch<acc_t>(s.nb * W);
+  acc_t* partial = partial_t.data_ptr<acc_t>();
+  acc_t* state = state_t.data_ptr<acc_t>();
+  // dscale per chunk of either pass
+  const int64_t sslots = std::max(block_chunks(s.nb, s.N), num_chunks(s.nb * nblk_k));
+  std::vector<acc_t> spart(static_cast<size_t>(sslots) * C, acc_t(0));
+  // queries: dq, and the reductions dKV = sum q^T (g tau / den), dm, dtemp
+  for_blocks(s.nb, s.N, [&](int64_t b, int64_t r0, int64_t len, int64_t slot) {
+    thread_local std::vector<acc_t> qb, gb, P;
+    qb.resize(len * C);
+    gb.resize(len * Ce);
+    P.resize(len * C);
+    load_block(q, b, r0, len, C, &f, qb.data());
+    load_block<scalar_t, acc_t>(g, b, r0, len, Ce, nullptr, gb.data());
+    const acc_t* kvb = kv + b * SE;
+    const acc_t* m = ks + b * C;
+    acc_t* st = (used ? partial + slot * s.nb * W : state) + b * W;
+    acc_t* dm = st + SE;
+    acc_t* dt = dm + C;
+    for (int64_t hh = 0; hh < s.hin; ++hh)  // P = g KV^T; g.num = q.P avoids keeping the output
+      gemm_rm<acc_t>(false, true, len, s.d, s.e, 1, gb.data() + hh * s.e, Ce,
+                     kvb + hh * s.d * s.e, s.e, 0, P.data() + hh * s.d, C);
+    for (int64_t i = 0; i < len; ++i) {
+      for (int64_t hh = 0; hh < s.hin; ++hh) {
+        const acc_t* qh = qb.data() + i * C + hh * s.d;
+        acc_t* ph = P.data() + i * C + hh * s.d;
+        const acc_t* mh = m + hh * s.d;
+        acc_t qm = 0, sv = 0;
+        for (int64_t c = 0; c < s.d; ++c) {
+          qm += qh[c] * mh[c];
+          sv += qh[c] * ph[c];
+        }
+        bool pass;
+        const acc_t inv = acc_t(1) / denominator(qm, s, &pass);
+        const acc_t tau = temp[(b % s.tH) * s.hin + hh];
+        dt[hh] += sv * inv;
+        const acc_t dden = pass ? -tau * sv * inv * inv : acc_t(0);
+        for (int64_t c = 0; c < s.d; ++c) {
+          ph[c] = tau * inv * ph[c] + dden * mh[c];  // P becomes dL/dq (mapped)
+          dm[hh * s.d + c] += dden * qh[c];
+        }
+        acc_t* gh = gb.data() + i * Ce + hh * s.e;
+        for (int64_t c = 0; c < s.e; ++c) gh[c] *= tau * inv;
+      }
+    }
+    for (int64_t hh = 0; hh < s.hin; ++hh)
+      gemm_rm<acc_t>(true, false, s.d, s.e, len, 1, qb.data() + hh * s.d, C,
+                     gb.data() + hh * s.e, Ce, 1, st + hh * s.d * s.e, s.e);
+    acc_t* sp = spart.data() + slot * C;
+    for (int64_t i = 0; i < len; ++i) {
+      scalar_t* o = dq.at(b, r0 + i);
+      if (f.on) {
+        focus_row_backward(q.at(b, r0 + i), P.data() + i * C, C, f, o, sp);
+      } else {
+        for (int64_t c = 0; c < C; ++c) o[c] = static_cast<scalar_t>(P[i * C + c]);
+      }
+    }
+  });
+  for (int64_t t = 0; t < slots; ++t)
+    for (int64_t j = 0; j < s.nb * W; ++j) state[j] += partial[t * s.nb * W + j];
+  const acc_t scale = s.mode == 0 ? acc_t(1) / acc_t(s.n) : acc_t(1);
+  for (int64_t b = 0; b < s.nb; ++b) {
+    for (int64_t j = 0; j < SE + C; ++j) state[b * W + j] *= scale;
+    for (int64_t hh = 0; hh < s.hin; ++hh) dtemp[b * s.hin + hh] = state[b * W + SE + C + hh];
+  }
+  // keys: dk = (v dKV^T + dm) / n through the focusing backward, dv = k dKV / n
+  dynamic_for(s.nb * nblk_k, [&](int64_t t0, int64_t t1, int64_t slot) {
+    std::vector<acc_t> kb(kRowBlock * C), vb(kRowBlock * Ce), Dk(kRowBlock * C),
+        Dv(kRowBlock * Ce);
+    acc_t* sp = spart.data() + slot * C;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / nblk_k, r0 = (t % nblk_k) * kRowBlock;
+      const int64_t len = std::min(s.n, r0 + kRowBlock) - r0;
+      load_block(k, b, r0, len, C, &f, kb.data());
+      load_block<scalar_t, acc_t>(v, b, r0, len, Ce, nullptr, vb.data());
+      const acc_t* dkv = state + b * W;
+      const acc_t* dm = dkv + SE;
+      for (int64_t hh = 0; hh < s.hin; ++hh) {
+        gemm_rm<acc_t>(false, true, len, s.d, s.e, 1, vb.data() + hh * s.e, Ce,
+                       dkv + hh * s.d * s.e, s.e, 0, Dk.data() + hh * s.d, C);
+        gemm_rm<acc_t>(false, false, len, s.e, s.d, 1, kb.data() + hh * s.d, C,
+                       dkv + hh * s.d * s.e, s.e, 0, Dv.data() + hh * s.e, Ce);
+      }
+      for (int64_t i = 0; i < len; ++i) {
+        acc_t* dkr = Dk.data() + i * C;
+        for (int64_t c = 0; c < C; ++c) dkr[c] += dm[c];
+        scalar_t* ok = dk.at(b, r0 + i);
+        if (f.on) {
+          focus_row_backward(k.at(b, r0 + i), dkr, C, f, ok, sp);
+        } else {
+          for (int64_t c = 0; c < C; ++c) ok[c] = static_cast<scalar_t>(dkr[c]);
+        }
+        scalar_t* ov = dv.at(b, r0 + i);
+        for (int64_t c = 0; c < Ce; ++c) ov[c] = static_cast<scalar_t>(Dv[i * Ce + c]);
+      }
+    }
+  });
+  if (dscale != nullptr) {
+    for (int64_t c = 0; c < C; ++c) {
+      acc_t sum = 0;
+      for (int64_t t = 0; t < sslots; ++t) sum += spart[t * C + c];
+      dscale[c] = sum * f.inv_sp[c] * f.sp_grad[c];
+    }
+  }
+}
+
+at::Tensor temperature_or_ones(const at::Tensor& temp, int64_t count, at::ScalarType acc_type) {
+  return temp.defined() ? temp.to(acc_type).contiguous()
+                        : at::ones({count}, at::TensorOptions().dtype(acc_type));
 }
 
 }  // namespace
@@ -217,180 +424,138 @@ inline acc_t denominator(acc_t qm, int64_t mode, double eps, double clamp_min, b
 at::Tensor focus_forward_cpu(const at::Tensor& x, const at::Tensor& scale, double p, double eps) {
   auto acc_type = at::toOpMathType(x.scalar_type());
   auto y = at::empty(x.sizes(), x.options().dtype(acc_type));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "focus_forward_cpu",
-                                  [&] { focus_forward_kernel<scalar_t>(x, scale, y, p, eps); });
+  const int64_t rows = x.size(0), C = x.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "focus_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const Focus<acc_t> f(scale, p, eps);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    acc_t* yp = y.data_ptr<acc_t>();
+    at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) focus_row(xp + r * C, C, f, yp + r * C);
+    });
+  });
   return y;
 }
 
 std::vector<at::Tensor> focus_backward_cpu(const at::Tensor& gy, const at::Tensor& x,
                                            const at::Tensor& scale, double p, double eps) {
   auto gx = at::empty_like(x);
-  auto gscale = at::empty({x.size(1)}, x.options().dtype(at::toOpMathType(x.scalar_type())));
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, x.scalar_type(), "focus_backward_cpu",
-      [&] { focus_backward_kernel<scalar_t>(gy, x, scale, gx, gscale, p, eps); });
+  const auto acc_type = at::toOpMathType(x.scalar_type());
+  auto gscale = at::empty({x.size(1)}, x.options().dtype(acc_type));
+  const int64_t rows = x.size(0), C = x.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "focus_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const Focus<acc_t> f(scale, p, eps);
+    const int nt = at::get_num_threads();
+    std::vector<acc_t> part(static_cast<size_t>(nt) * C, acc_t(0));
+    const acc_t* gp = gy.data_ptr<acc_t>();
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* gxp = gx.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+      acc_t* mine = part.data() + at::get_thread_num() * C;
+      for (int64_t r = r0; r < r1; ++r)
+        focus_row_backward(xp + r * C, gp + r * C, C, f, gxp + r * C, mine);
+    });
+    acc_t* gs = gscale.data_ptr<acc_t>();
+    for (int64_t c = 0; c < C; ++c) {
+      acc_t sum = 0;
+      for (int t = 0; t < nt; ++t) sum += part[t * C + c];
+      gs[c] = sum * f.inv_sp[c] * f.sp_grad[c];
+    }
+  });
   return {gx, gscale.to(scale.scalar_type())};
 }
 
 std::vector<at::Tensor> linear_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const at::Tensor& temp,
                                                      int64_t mode, double eps, double clamp_min) {
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
-  const int64_t n = k.size(2), e = v.size(3), BH = B * H;
+  const int64_t B = q.size(0), H = q.size(1);
+  const Shape s{B * H, q.size(2), k.size(2), 1, q.size(3), v.size(3), H, mode, eps, clamp_min};
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  const auto acc_opts = q.options().dtype(acc_type);
-  const int nt = at::get_num_threads();
-  // per-thread partial state KV (d x e) and key sum (d) of every (b, head)
-  auto partial = at::zeros({nt, BH, d * e + d}, acc_opts);
   // output in the memory layout (B, N, h, e): heads merge back into (B, N, h*e) for free
-  auto out = at::empty({B, N, H, e}, q.options()).permute({0, 2, 1, 3});
-  auto kv = at::empty({B, H, d, e}, acc_opts);
-  auto ksum = at::empty({B, H, d}, acc_opts);
-  auto tcpu = temp.defined() ? temp.to(acc_type).contiguous() : at::ones({H}, acc_opts);
-  const int64_t nblk_k = (n + kRowBlock - 1) / kRowBlock, nblk_q = (N + kRowBlock - 1) / kRowBlock;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "la_fwd_cpu", [&] {
+  auto out = at::empty({B, s.N, H, s.e}, q.options()).permute({0, 2, 1, 3});
+  auto kv = at::empty({B, H, s.d, s.e}, q.options().dtype(acc_type));
+  auto ks = at::empty({B, H, s.d}, q.options().dtype(acc_type));
+  auto t = temperature_or_ones(temp, H, acc_type);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "la_fwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const Rows<scalar_t> qr(q, H), kr(k, H), vr(v, H);
-    const Rows<scalar_t> orow(out, H);
-    acc_t* part_base = partial.data_ptr<acc_t>();
-    at::parallel_for(0, BH * nblk_k, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<acc_t> kb(kRowBlock * d), vb(kRowBlock * e);
-      acc_t* mine = part_base + at::get_thread_num() * BH * (d * e + d);
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t bh = task / nblk_k, r0 = (task % nblk_k) * kRowBlock;
-        const int64_t len = std::min(n, r0 + kRowBlock) - r0;
-        load_rows(kr, bh, r0, len, d, kb.data());
-        load_rows(vr, bh, r0, len, e, vb.data());
-        acc_t* p = mine + bh * (d * e + d);
-        gemm_rm<acc_t>(true, false, d, e, len, 1, kb.data(), d, vb.data(), e, 1, p, e);
-        for (int64_t i = 0; i < len; ++i)
-          for (int64_t c = 0; c < d; ++c) p[d * e + c] += kb[i * d + c];
-      }
-    });
-    auto total = partial.sum(0);
-    const double scale = mode == 0 ? 1.0 / static_cast<double>(n) : 1.0;
-    kv.view({BH, d * e}).copy_(total.narrow(1, 0, d * e)).mul_(scale);
-    ksum.view({BH, d}).copy_(total.narrow(1, d * e, d)).mul_(scale);
-    const acc_t* kvp = kv.data_ptr<acc_t>();
-    const acc_t* msp = ksum.data_ptr<acc_t>();
-    const acc_t* tp = tcpu.data_ptr<acc_t>();
-    at::parallel_for(0, BH * nblk_q, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<acc_t> qb(kRowBlock * d), num(kRowBlock * e);
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t bh = task / nblk_q, r0 = (task % nblk_q) * kRowBlock;
-        const int64_t len = std::min(N, r0 + kRowBlock) - r0;
-        load_rows(qr, bh, r0, len, d, qb.data());
-        gemm_rm<acc_t>(false, false, len, e, d, 1, qb.data(), d, kvp + bh * d * e, e, 0,
-                       num.data(), e);
-        const acc_t* m = msp + bh * d;
-        for (int64_t i = 0; i < len; ++i) {
-          acc_t qm = 0;
-          for (int64_t c = 0; c < d; ++c) qm += qb[i * d + c] * m[c];
-          bool pass;
-          const acc_t f = tp[bh % H] / denominator(qm, mode, eps, clamp_min, &pass);
-          scalar_t* o = orow.at(bh, r0 + i);
-          for (int64_t c = 0; c < e; ++c) o[c] = static_cast<scalar_t>(num[i * e + c] * f);
-        }
-      }
-    });
+    forward_core<scalar_t, acc_t>(s, head_rows<scalar_t>(q), head_rows<scalar_t>(k),
+                                  head_rows<scalar_t>(v), head_rows<scalar_t>(out),
+                                  Focus<acc_t>(), t.data_ptr<acc_t>(), kv.data_ptr<acc_t>(),
+                                  ks.data_ptr<acc_t>());
   });
-  return {out, kv, ksum};
+  return {out, kv, ks};
 }
 
 std::vector<at::Tensor> linear_attention_backward_cpu(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& kv, const at::Tensor& ksum, const at::Tensor& temp, int64_t mode, double eps,
     double clamp_min) {
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
-  const int64_t n = k.size(2), e = v.size(3), BH = B * H;
+  const int64_t B = q.size(0), H = q.size(1);
+  const Shape s{B * H, q.size(2), k.size(2), 1, q.size(3), v.size(3), H, mode, eps, clamp_min};
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  const auto acc_opts = q.options().dtype(acc_type);
-  const int nt = at::get_num_threads();
-  // per-thread partials of dKV (d*e), dm (d) and dtemperature (1) for every (b, head)
-  const int64_t width = d * e + d + 1;
-  auto partial = at::zeros({nt, BH, width}, acc_opts);
-  auto dq = at::empty({B, N, H, d}, q.options()).permute({0, 2, 1, 3});
-  auto dk = at::empty({B, n, H, d}, k.options()).permute({0, 2, 1, 3});
-  auto dv = at::empty({B, n, H, e}, v.options()).permute({0, 2, 1, 3});
-  auto tcpu = temp.defined() ? temp.to(acc_type).contiguous() : at::ones({H}, acc_opts);
-  const int64_t nblk_q = (N + kRowBlock - 1) / kRowBlock, nblk_k = (n + kRowBlock - 1) / kRowBlock;
-  const double scale = mode == 0 ? 1.0 / static_cast<double>(n) : 1.0;
-  at::Tensor dtemp;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "la_bwd_cpu", [&] {
+  auto dq = at::empty({B, s.N, H, s.d}, q.options()).permute({0, 2, 1, 3});
+  auto dk = at::empty({B, s.n, H, s.d}, k.options()).permute({0, 2, 1, 3});
+  auto dv = at::empty({B, s.n, H, s.e}, v.options()).permute({0, 2, 1, 3});
+  auto dtemp = at::empty({B, H}, q.options().dtype(acc_type));
+  auto t = temperature_or_ones(temp, H, acc_type);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "la_bwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const Rows<scalar_t> qr(q, H), kr(k, H), vr(v, H), gr(g, H);
-    const Rows<scalar_t> dqr(dq, H), dkr(dk, H), dvr(dv, H);
-    const acc_t* kvp = kv.data_ptr<acc_t>();
-    const acc_t* msp = ksum.data_ptr<acc_t>();
-    const acc_t* tp = tcpu.data_ptr<acc_t>();
-    acc_t* part_base = partial.data_ptr<acc_t>();
-    at::parallel_for(0, BH * nblk_q, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<acc_t> qb(kRowBlock * d), gb(kRowBlock * e), P(kRowBlock * d);
-      acc_t* mine = part_base + at::get_thread_num() * BH * width;
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t bh = task / nblk_q, r0 = (task % nblk_q) * kRowBlock;
-        const int64_t len = std::min(N, r0 + kRowBlock) - r0;
-        load_rows(qr, bh, r0, len, d, qb.data());
-        load_rows(gr, bh, r0, len, e, gb.data());
-        // P = g KV^T: dq before the normaliser; g.num = q.P avoids keeping the output
-        const acc_t* kvb = kvp + bh * d * e;
-        gemm_rm<acc_t>(false, true, len, d, e, 1, gb.data(), e, kvb, e, 0, P.data(), d);
-        const acc_t* m = msp + bh * d;
-        acc_t* pb = mine + bh * width;
-        acc_t* dm = pb + d * e;
-        const acc_t tau = tp[bh % H];
-        for (int64_t i = 0; i < len; ++i) {
-          acc_t qm = 0, s = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            qm += qb[i * d + c] * m[c];
-            s += qb[i * d + c] * P[i * d + c];
-          }
-          bool pass;
-          const acc_t inv = acc_t(1) / denominator(qm, mode, eps, clamp_min, &pass);
-          pb[d * e + d] += s * inv;
-          const acc_t dden = pass ? -tau * s * inv * inv : acc_t(0);
-          scalar_t* dqo = dqr.at(bh, r0 + i);
-          for (int64_t c = 0; c < d; ++c) {
-            dqo[c] = static_cast<scalar_t>(tau * inv * P[i * d + c] + dden * m[c]);
-            dm[c] += dden * qb[i * d + c];
-          }
-          for (int64_t c = 0; c < e; ++c) gb[i * e + c] *= tau * inv;  // g tau / den
-        }
-        gemm_rm<acc_t>(true, false, d, e, len, 1, qb.data(), d, gb.data(), e, 1, pb, e);
-      }
-    });
-    auto total = partial.sum(0);  // (BH, width)
-    auto dkv = total.narrow(1, 0, d * e).mul(scale).contiguous();
-    auto dmt = total.narrow(1, d * e, d).mul(scale).contiguous();
-    if (temp.defined()) {
-      dtemp = total.select(1, d * e + d).view({B, H}).sum(0).to(temp.scalar_type());
-    }
-    // dK = (V dKV^T + dm) * scale, dV = K dKV * scale (scale folded into dkv and dm)
-    const acc_t* dkvp = dkv.data_ptr<acc_t>();
-    const acc_t* dmp = dmt.data_ptr<acc_t>();
-    at::parallel_for(0, BH * nblk_k, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<acc_t> kb(kRowBlock * d), vb(kRowBlock * e), ob(kRowBlock * std::max(d, e));
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t bh = task / nblk_k, r0 = (task % nblk_k) * kRowBlock;
-        const int64_t len = std::min(n, r0 + kRowBlock) - r0;
-        load_rows(kr, bh, r0, len, d, kb.data());
-        load_rows(vr, bh, r0, len, e, vb.data());
-        const acc_t* dkvb = dkvp + bh * d * e;
-        const acc_t* dm = dmp + bh * d;
-        gemm_rm<acc_t>(false, true, len, d, e, 1, vb.data(), e, dkvb, e, 0, ob.data(), d);
-        for (int64_t i = 0; i < len; ++i) {
-          scalar_t* o = dkr.at(bh, r0 + i);
-          for (int64_t c = 0; c < d; ++c) o[c] = static_cast<scalar_t>(ob[i * d + c] + dm[c]);
-        }
-        gemm_rm<acc_t>(false, false, len, e, d, 1, kb.data(), d, dkvb, e, 0, ob.data(), e);
-        for (int64_t i = 0; i < len; ++i) {
-          scalar_t* o = dvr.at(bh, r0 + i);
-          for (int64_t c = 0; c < e; ++c) o[c] = static_cast<scalar_t>(ob[i * e + c]);
-        }
-      }
-    });
+    backward_core<scalar_t, acc_t>(
+        s, head_rows<scalar_t>(g), head_rows<scalar_t>(q), head_rows<scalar_t>(k),
+        head_rows<scalar_t>(v), Focus<acc_t>(), t.data_ptr<acc_t>(),
+        kv.contiguous().data_ptr<acc_t>(), ksum.contiguous().data_ptr<acc_t>(),
+        head_rows<scalar_t>(dq), head_rows<scalar_t>(dk), head_rows<scalar_t>(dv),
+        dtemp.data_ptr<acc_t>(), nullptr);
   });
-  return {dq, dk, dv, dtemp};
+  at::Tensor dt;
+  if (temp.defined()) dt = dtemp.sum(0).to(temp.scalar_type());
+  return {dq, dk, dv, dt};
+}
+
+std::vector<at::Tensor> focused_linear_attention_forward_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& scale,
+    int64_t heads, double p, double focus_eps, double eps) {
+  const int64_t B = q.size(0), C = q.size(2), Ce = v.size(2);
+  const Shape s{B, q.size(1), k.size(1), heads, C / heads, Ce / heads, 1, 0, eps, 0.0};
+  const auto acc_type = at::toOpMathType(q.scalar_type());
+  auto out = at::empty({B, s.N, Ce}, q.options());
+  auto kv = at::empty({B, heads, s.d, s.e}, q.options().dtype(acc_type));
+  auto ks = at::empty({B, heads, s.d}, q.options().dtype(acc_type));
+  auto t = at::ones({heads}, q.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "fla_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    forward_core<scalar_t, acc_t>(s, token_rows<scalar_t>(q), token_rows<scalar_t>(k),
+                                  token_rows<scalar_t>(v), token_rows<scalar_t>(out),
+                                  Focus<acc_t>(scale, p, focus_eps), t.data_ptr<acc_t>(),
+                                  kv.data_ptr<acc_t>(), ks.data_ptr<acc_t>());
+  });
+  return {out, kv, ks};
+}
+
+std::vector<at::Tensor> focused_linear_attention_backward_cpu(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps) {
+  const int64_t B = q.size(0), C = q.size(2), Ce = v.size(2);
+  const Shape s{B, q.size(1), k.size(1), heads, C / heads, Ce / heads, 1, 0, eps, 0.0};
+  const auto acc_type = at::toOpMathType(q.scalar_type());
+  auto dq = at::empty({B, s.N, C}, q.options());
+  auto dk = at::empty({B, s.n, C}, k.options());
+  auto dv = at::empty({B, s.n, Ce}, v.options());
+  auto dtemp = at::empty({B, heads}, q.options().dtype(acc_type));
+  auto dscale = at::empty({C}, q.options().dtype(acc_type));
+  auto t = at::ones({heads}, q.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "fla_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    backward_core<scalar_t, acc_t>(
+        s, token_rows<scalar_t>(g), token_rows<scalar_t>(q), token_rows<scalar_t>(k),
+        token_rows<scalar_t>(v), Focus<acc_t>(scale, p, focus_eps), t.data_ptr<acc_t>(),
+        kv.contiguous().data_ptr<acc_t>(), ksum.contiguous().data_ptr<acc_t>(),
+        token_rows<scalar_t>(dq), token_rows<scalar_t>(dk), token_rows<scalar_t>(dv),
+        dtemp.data_ptr<acc_t>(), dscale.data_ptr<acc_t>());
+  });
+  return {dq, dk, dv, dscale.to(scale.scalar_type())};
 }
 
 }  // namespace mmeffvit
