@@ -67,20 +67,74 @@ struct Focus {
   }
 };
 
-// y = f_p(t), t = (relu(x) + eps) / softplus(s), f_p(t) = |t| t^p / |t^p| (FLatten eq. 5-6)
-template <typename scalar_t, typename acc_t>
-inline void focus_row(const scalar_t* x, int64_t C, const Focus<acc_t>& f, acc_t* y) {
+// t^p and p t^(p-1); the cube (every released FLatten model) is spelt out so loops vectorise
+template <bool kCube, typename acc_t>
+inline acc_t pow_p(acc_t t, double p) {
+  return kCube ? t * t * t : power(t, p);
+}
+
+template <bool kCube, typename acc_t>
+inline acc_t dpow_p(acc_t t, double p) {
+  return kCube ? acc_t(3) * t * t : acc_t(p) * power(t, p - 1.0);
+}
+
+// Loops with sums carry `omp simd reduction`: without it the compiler keeps float sums in order
+// and the row loops run scalar (measured 2x slower focusing).
+template <bool kCube, typename scalar_t, typename acc_t>
+inline void focus_row_impl(const scalar_t* x, int64_t C, const Focus<acc_t>& f, acc_t* y) {
   acc_t n1 = 0, n2 = 0;
+  const acc_t eps = acc_t(f.eps);
+  const acc_t* isp = f.inv_sp.data();
+#pragma omp simd reduction(+ : n1, n2)
   for (int64_t c = 0; c < C; ++c) {
     const acc_t xv = static_cast<acc_t>(x[c]);
-    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
-    const acc_t u = power(t, f.p);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + eps) * isp[c];
+    const acc_t u = pow_p<kCube>(t, f.p);
     n1 += t * t;
     n2 += u * u;
     y[c] = u;  // the output row doubles as scratch for t**p
   }
   const acc_t ratio = std::sqrt(n1 / n2);
+#pragma omp simd
   for (int64_t c = 0; c < C; ++c) y[c] *= ratio;
+}
+
+// y = f_p(t), t = (relu(x) + eps) / softplus(s), f_p(t) = |t| t^p / |t^p| (FLatten eq. 5-6)
+template <typename scalar_t, typename acc_t>
+inline void focus_row(const scalar_t* x, int64_t C, const Focus<acc_t>& f, acc_t* y) {
+  if (f.p == 3.0) {
+    focus_row_impl<true>(x, C, f, y);
+  } else {
+    focus_row_impl<false>(x, C, f, y);
+  }
+}
+
+template <bool kCube, typename scalar_t, typename acc_t>
+inline void focus_row_backward_impl(const scalar_t* x, const acc_t* gy, int64_t C,
+                                    const Focus<acc_t>& f, scalar_t* gx, acc_t* part) {
+  acc_t n1 = 0, n2 = 0, S = 0;
+  const acc_t eps = acc_t(f.eps);
+  const acc_t* isp = f.inv_sp.data();
+#pragma omp simd reduction(+ : n1, n2, S)
+  for (int64_t c = 0; c < C; ++c) {
+    const acc_t xv = static_cast<acc_t>(x[c]);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + eps) * isp[c];
+    const acc_t u = pow_p<kCube>(t, f.p);
+    n1 += t * t;
+    n2 += u * u;
+    S += gy[c] * u;
+  }
+  const acc_t l1 = std::sqrt(n1), l2 = std::sqrt(n2);
+  const acc_t ratio = l1 / l2, cu = ratio * S / n2, ct = S / (l1 * l2);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) {
+    const acc_t xv = static_cast<acc_t>(x[c]);
+    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + eps) * isp[c];
+    const acc_t u = pow_p<kCube>(t, f.p);
+    const acc_t dt = (ratio * gy[c] - cu * u) * dpow_p<kCube>(t, f.p) + ct * t;
+    gx[c] = static_cast<scalar_t>(xv > acc_t(0) ? dt * isp[c] : acc_t(0));
+    part[c] -= dt * t;
+  }
 }
 
 // dL/dx of one row given dL/dy (gy); adds -sum(dt * t) per channel to `part` (finished into
@@ -88,25 +142,10 @@ inline void focus_row(const scalar_t* x, int64_t C, const Focus<acc_t>& f, acc_t
 template <typename scalar_t, typename acc_t>
 inline void focus_row_backward(const scalar_t* x, const acc_t* gy, int64_t C,
                                const Focus<acc_t>& f, scalar_t* gx, acc_t* part) {
-  acc_t n1 = 0, n2 = 0, S = 0;
-  for (int64_t c = 0; c < C; ++c) {
-    const acc_t xv = static_cast<acc_t>(x[c]);
-    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
-    const acc_t u = power(t, f.p);
-    n1 += t * t;
-    n2 += u * u;
-    S += gy[c] * u;
-  }
-  const acc_t l1 = std::sqrt(n1), l2 = std::sqrt(n2);
-  const acc_t ratio = l1 / l2, cu = ratio * S / n2, ct = S / (l1 * l2);
-  for (int64_t c = 0; c < C; ++c) {
-    const acc_t xv = static_cast<acc_t>(x[c]);
-    const acc_t t = ((xv > acc_t(0) ? xv : acc_t(0)) + acc_t(f.eps)) * f.inv_sp[c];
-    const acc_t u = power(t, f.p);
-    const acc_t dpow = f.p == 3.0 ? acc_t(3) * t * t : acc_t(f.p) * power(t, f.p - 1.0);
-    const acc_t dt = (ratio * gy[c] - cu * u) * dpow + ct * t;
-    gx[c] = static_cast<scalar_t>(xv > acc_t(0) ? dt * f.inv_sp[c] : acc_t(0));
-    part[c] -= dt * t;
+  if (f.p == 3.0) {
+    focus_row_backward_impl<true>(x, gy, C, f, gx, part);
+  } else {
+    focus_row_backward_impl<false>(x, gy, C, f, gx, part);
   }
 }
 
@@ -282,6 +321,7 @@ void forward_core(const Shape& s, const Rows<scalar_t>& q, const Rows<scalar_t>&
         for (int64_t hh = 0; hh < s.hin; ++hh) {
           const acc_t* qh = qb.data() + i * C + hh * s.d;
           acc_t qm = 0;
+#pragma omp simd reduction(+ : qm)
           for (int64_t c = 0; c < s.d; ++c) qm += qh[c] * m[hh * s.d + c];
           bool pass;
           const acc_t fac = temp[(b % s.tH) * s.hin + hh] / denominator(qm, s, &pass);
@@ -336,6 +376,7 @@ void backward_core(const Shape& s, const Rows<scalar_t>& g, const Rows<scalar_t>
         acc_t* ph = P.data() + i * C + hh * s.d;
         const acc_t* mh = m + hh * s.d;
         acc_t qm = 0, sv = 0;
+#pragma omp simd reduction(+ : qm, sv)
         for (int64_t c = 0; c < s.d; ++c) {
           qm += qh[c] * mh[c];
           sv += qh[c] * ph[c];
