@@ -79,8 +79,9 @@ def linear_attention(q, k, v=None, normalizer='mean', eps=1e-6, temperature=None
       ``clamp_min`` instead of being normalised.
 
     ``temperature`` (a float or a tensor with one value per head, e.g. L²ViT's learnable
-    ``(h, 1, 1)``) multiplies the state; ``v=None`` means identity values (``v = k``, for
-    attentions without a value projection such as CARE), with the gradients of both uses summed.
+    ``(h, 1, 1)``) multiplies the state; ``v=None`` uses the (mapped) keys as values, ``v = k``,
+    with the gradients of both uses summed; CARE's identity values (the un-projected input
+    tokens, no value projection) are an ordinary ``v``.
     The compiled operator never forms an N×n or full-size intermediate and accumulates in fp32;
     the result has the dtype of ``q``.
 
