@@ -115,9 +115,10 @@ else
   (cd "$here" && pipi --no-build-isolation --no-deps --use-pep517 -e .)
 fi
 # the compiled ops (mmeffvit._ext): rebuilt in place only when missing or older than a source
+# or than setup.py (its compile flags)
 ext=$(ls "$here"/mmeffvit/_ext*.so 2>/dev/null | head -n1 || true)
 if [ "${MMEFFVIT_WITH_OPS:-1}" != 0 ] && { [ -z "$ext" ] ||
-    [ -n "$(find "$here/mmeffvit/ops/csrc" -type f -newer "$ext" | head -n1)" ]; }; then
+    [ -n "$(find "$here/mmeffvit/ops/csrc" "$here/setup.py" -type f -newer "$ext" | head -n1)" ]; }; then
   log "mmeffvit: building the C++/CUDA ops (python setup.py build_ext --inplace)"
   # a failed build is not fatal: every op falls back to its PyTorch reference
   (cd "$here" && MAX_JOBS=${MAX_JOBS:-$(nproc)} "$py" setup.py build_ext --inplace) ||
