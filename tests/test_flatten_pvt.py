@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from amp_check import AMP_DTYPES, check_autocast_against_fp32
+
 from mmeffvit.models import FLattenPVT
 
 # official FLatten-PVT counts (parameters of the classification model, 1000-class head included)
@@ -142,3 +144,13 @@ def test_bf16_autocast_forward_backward_finite():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('dtype', AMP_DTYPES)
+def test_autocast_forward_backward_matches_fp32(dtype):
+    # odd size; the focusing function and the attention sums run in fp32 inside, the LayerNorms
+    # too (LayerNormFP32: torch's CPU LayerNorm sums its parameter gradients in bf16)
+    torch.manual_seed(0)
+    model = FLattenPVT('tiny', drop_path_rate=0.)  # both passes must run the same network
+    model.init_weights()
+    check_autocast_against_fp32(model, torch.rand(1, 3, 97, 131), dtype)

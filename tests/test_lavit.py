@@ -5,6 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from amp_check import AMP_DTYPES, check_autocast_against_fp32
+
 from mmeffvit.models import AttentionResidualDownsample, LaViT, LessAttention
 from mmeffvit.models.backbones.lavit import _diagonal_blocks, _unwindow, _windows
 
@@ -298,3 +300,11 @@ def test_key_mask_marks_padding_only_cells():
     grid = mask[:4].reshape(2, 2, 7, 7)  # windows (a, b), key rows, key cols
     assert not grid[0].any()                               # top windows: all real
     assert grid[1, :, 4:].all() and not grid[1, :, :4].any()  # key rows 11..13 = padding
+
+
+@pytest.mark.parametrize('dtype', AMP_DTYPES)
+def test_autocast_forward_backward_matches_fp32(dtype):
+    torch.manual_seed(0)
+    model = LaViT('tiny', drop_path_rate=0.)  # both passes must run the same network
+    model.init_weights()
+    check_autocast_against_fp32(model, torch.rand(1, 3, 97, 131), dtype)

@@ -7,7 +7,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention
+from ..layers import FocusedLinearAttention, LayerNormFP32
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -42,7 +42,7 @@ class ConvStem(nn.Sequential):
 
     def __init__(self, in_channels, embed_dims):
         super().__init__(nn.Conv2d(in_channels, embed_dims, 7, stride=4, padding=2),
-                         nn.Identity(), nn.LayerNorm(embed_dims))
+                         nn.Identity(), LayerNormFP32(embed_dims))
 
     def forward(self, x):
         pad_h, pad_w = (-x.shape[-2]) % 4, (-x.shape[-1]) % 4
@@ -59,7 +59,7 @@ class MergeBlock(nn.Module):
     def __init__(self, in_dims, out_dims):
         super().__init__()
         self.conv = nn.Conv2d(in_dims, out_dims, 3, stride=2, padding=1)
-        self.norm = nn.LayerNorm(out_dims)
+        self.norm = LayerNormFP32(out_dims)
 
     def forward(self, x, hw):
         x = self.conv(_tokens_to_map(x, hw))
@@ -179,7 +179,7 @@ class FLattenCSWinBlock(nn.Module):
                  mlp_ratio=4., qkv_bias=True, qk_scale=None, focusing_factor=3, kernel_size=5,
                  drop_rate=0., attn_drop_rate=0., drop_path=0.):
         super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims)
+        self.norm1 = LayerNormFP32(embed_dims)
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         if attn_type == 'L':
             attns = [LePEFocusedLinearAttention(embed_dims, num_heads, pe_size, focusing_factor,
@@ -198,7 +198,7 @@ class FLattenCSWinBlock(nn.Module):
         # the official block builds a proj_drop but never applies it; drop_rate acts in the MLP
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims)
+        self.norm2 = LayerNormFP32(embed_dims)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def forward(self, x, hw):
@@ -349,7 +349,7 @@ class FLattenCSWin(EffBackbone):
                                   drop_path=dpr[start + j]) for j in range(depths[i])
             ]))
             if out_norm and i in out_indices:
-                setattr(self, f'norm{i}', nn.LayerNorm(dims))
+                setattr(self, f'norm{i}', LayerNormFP32(dims))
         self._freeze_stages()
 
     @property

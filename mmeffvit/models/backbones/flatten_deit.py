@@ -6,8 +6,9 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, LayerNorm2d, Mlp, PatchEmbed
 
 from ...registry import register_model
-from ...utils import at_least_fp32, resize_token_grid, square_side, unknown_choice_error
-from ..layers import FocusedLinearAttention, focus_feature_map, kv_first_linear_attention
+from ... import ops
+from ...utils import resize_token_grid, square_side, unknown_choice_error
+from ..layers import FocusedLinearAttention, LayerNormFP32
 from .base import EffBackbone, resolve_arch
 
 _CLS_MODES = ('full', 'query')
@@ -65,12 +66,11 @@ class ClsFocusedLinearAttention(FocusedLinearAttention):
         def heads(t):
             return t.reshape(b, -1, h, d).transpose(1, 2)
 
-        # as in FocusedLinearAttention.attend: powers and sums in fp32 under autocast
+        # as in FocusedLinearAttention.attend: powers and sums in fp32 under autocast, one
+        # fused operator (or its reference)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            qf = focus_feature_map(q, self.scale, self.focusing_factor)
-            kf = focus_feature_map(k_att, self.scale, self.focusing_factor)
-            out = kv_first_linear_attention(heads(qf), heads(kf), heads(at_least_fp32(v_att)))
-        out = out.transpose(1, 2).reshape(b, n, c).to(q.dtype)
+            out = ops.focused_linear_attention(q, k_att, v_att, self.scale, h,
+                                               self.focusing_factor)
 
         # DWC on the patch grid, one kernel set shared by the heads; prefix rows get nothing
         v_grid = heads(v[:, num_prefix:]).reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2)
@@ -86,13 +86,13 @@ class FLattenDeiTBlock(nn.Module):
                  qkv_bias=True, focusing_factor=3, kernel_size=5, drop_rate=0., drop_path=0.,
                  norm_eps=1e-6):
         super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm1 = LayerNormFP32(embed_dims, eps=norm_eps)
         self.attn = ClsFocusedLinearAttention(
             embed_dims, num_heads, pe_size=pe_size, cls_attention=cls_attention,
             qkv_bias=qkv_bias, focusing_factor=focusing_factor, kernel_size=kernel_size,
             proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm2 = LayerNormFP32(embed_dims, eps=norm_eps)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def forward(self, x, hw_shape):
@@ -251,7 +251,7 @@ class FLattenDeiT(EffBackbone):
                              kernel_size=kernel_size, drop_rate=drop_rate, drop_path=dpr[i])
             for i in range(depth)
         ])
-        self.norm = nn.LayerNorm(dims, eps=1e-6) if final_norm else None
+        self.norm = LayerNormFP32(dims, eps=1e-6) if final_norm else None
         if with_pyramid:
             self.pyramid = simple_pyramid(dims)
             self.out_channels = [dims // 4, dims // 2, dims, dims]

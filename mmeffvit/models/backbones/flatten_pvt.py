@@ -7,7 +7,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention, SpatialReductionAttention
+from ..layers import FocusedLinearAttention, LayerNormFP32, SpatialReductionAttention
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 # widths shared by every FLatten-PVT variant (official flatten_pvt_* factories)
@@ -26,7 +26,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dims)
+        self.norm = LayerNormFP32(embed_dims)
 
     def forward(self, x):
         p = self.patch_size
@@ -49,7 +49,7 @@ class FLattenPVTBlock(nn.Module):
                  qkv_bias=True, focusing_factor=3, kernel_size=5, drop_rate=0., drop_path=0.,
                  norm_eps=1e-6):
         super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm1 = LayerNormFP32(embed_dims, eps=norm_eps)
         if attn_type == 'L':
             self.attn = FocusedLinearAttention(
                 embed_dims, num_heads, pe_size=pe_size, qkv_bias=qkv_bias,
@@ -61,7 +61,7 @@ class FLattenPVTBlock(nn.Module):
         else:
             raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm2 = LayerNormFP32(embed_dims, eps=norm_eps)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def forward(self, x, hw_shape):

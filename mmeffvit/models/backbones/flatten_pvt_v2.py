@@ -6,6 +6,7 @@ import torch.nn as nn
 
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
+from ..layers import LayerNormFP32
 from .base import EffBackbone, check_stage_args, resolve_arch
 from .flatten_pvt import FLattenPVTBlock
 
@@ -30,7 +31,7 @@ class OverlapPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size, stride=stride,
                               padding=kernel_size // 2)
         # the official embedding uses the default LayerNorm epsilon, unlike the blocks
-        self.norm = nn.LayerNorm(embed_dims)
+        self.norm = LayerNormFP32(embed_dims)
 
     def forward(self, x):
         x = self.proj(x)
@@ -200,7 +201,7 @@ class FLattenPVTv2(EffBackbone):
                                   drop_rate=drop_rate, drop_path=dpr[start + j])
                 for j in range(self.depths[i])
             ]))
-            setattr(self, f'norm{i + 1}', nn.LayerNorm(dims, eps=1e-6))
+            setattr(self, f'norm{i + 1}', LayerNormFP32(dims, eps=1e-6))
             prev = dims
         self._freeze_stages()
 

@@ -8,7 +8,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention
+from ..layers import FocusedLinearAttention, LayerNormFP32
 from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -146,7 +146,7 @@ class FLattenSwinBlock(nn.Module):
         self.window_size = window_size
         self.shift_size = shift_size
         self.official_window_rule = official_window_rule
-        self.norm1 = nn.LayerNorm(embed_dims)
+        self.norm1 = LayerNormFP32(embed_dims)
         if attn_type == 'L':
             self.attn = FocusedLinearAttention(
                 embed_dims, num_heads, pe_size=pe_size, qkv_bias=qkv_bias,
@@ -156,7 +156,7 @@ class FLattenSwinBlock(nn.Module):
             self.attn = WindowMSA(embed_dims, num_heads, window_size, qkv_bias=qkv_bias,
                                   attn_drop=attn_drop_rate, proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims)
+        self.norm2 = LayerNormFP32(embed_dims)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def window_and_shift(self, hw_shape):
@@ -198,7 +198,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
+        self.norm = LayerNormFP32(embed_dims) if norm else nn.Identity()
 
     def forward(self, x):
         x = self.proj(pad_to_multiple(x, self.patch_size))
@@ -216,7 +216,7 @@ class PatchMerging(nn.Module):
 
     def __init__(self, embed_dims):
         super().__init__()
-        self.norm = nn.LayerNorm(4 * embed_dims)
+        self.norm = LayerNormFP32(4 * embed_dims)
         self.reduction = nn.Linear(4 * embed_dims, 2 * embed_dims, bias=False)
 
     def forward(self, x, hw_shape):
@@ -375,7 +375,7 @@ class FLattenSwin(EffBackbone):
             self.layers.append(FLattenSwinStage(blocks, downsample))
             grid = [g // 2 for g in grid]
         for i in out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i]))
+            self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
 
     @property

@@ -8,6 +8,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import MODELS, register_model
 from ...utils import resize_token_grid, square_side, unknown_choice_error
+from ..layers import LayerNormFP32
 from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
 from ..layers.less_attention import LessAttention, VanillaAttention
 from .base import EffBackbone, resolve_arch
@@ -31,7 +32,7 @@ class LaViTBlock(nn.Module):
                  norm_eps=1e-6):
         super().__init__()
         self.less_attention = less_attention
-        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm1 = LayerNormFP32(embed_dims, eps=norm_eps)
         if less_attention:
             self.attn = LessAttention(embed_dims, num_heads, num_queries, num_keys, sr_ratio,
                                       qkv_bias=qkv_bias, theta_bias=theta_bias,
@@ -41,7 +42,7 @@ class LaViTBlock(nn.Module):
             self.attn = VanillaAttention(embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
                                          attn_drop=attn_drop_rate, proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm2 = LayerNormFP32(embed_dims, eps=norm_eps)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def forward(self, x, hw_shape, prev_scores=None, residual=None, key_mask=None):

@@ -6,6 +6,7 @@ from mmengine.model import BaseModule
 
 from ... import ops
 from ...utils import resize_token_grid
+from .norm import LayerNormFP32
 
 
 def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
@@ -111,7 +112,7 @@ class FocusedLinearAttention(BaseModule):
             self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(embed_dims)
+            self.norm = LayerNormFP32(embed_dims)
         if qkv_layout is not None:
             self.proj = nn.Linear(embed_dims, embed_dims)
             self.proj_drop = nn.Dropout(proj_drop)

@@ -2,6 +2,8 @@
 import torch
 import torch.nn as nn
 
+from .norm import LayerNormFP32
+
 
 def masked_softmax(scores, key_mask=None):
     """Row softmax in at least fp32; ``key_mask (B, 1, 1, Nk)`` True marks keys to ignore.
@@ -23,7 +25,7 @@ class _ReducedValues(nn.Module):
         self.sr_ratio = sr_ratio
         if sr_ratio > 1:
             self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(embed_dims)
+            self.norm = LayerNormFP32(embed_dims)
 
     def reduce(self, x, hw_shape):
         """Returns the reduced tokens ``(B, Nk, C)`` and their grid."""

@@ -3,6 +3,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from .norm import LayerNormFP32
+
 
 class SpatialReductionAttention(BaseModule):
     """PVT's spatial-reduction attention (SRA), the ``'S'`` block type of FLatten-PVT.
@@ -34,7 +36,7 @@ class SpatialReductionAttention(BaseModule):
         self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(embed_dims)
+            self.norm = LayerNormFP32(embed_dims)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
