@@ -4,6 +4,11 @@
 implementations, device-independent entry points and one ``pybind.cpp``) is loaded lazily; when
 it is not built every op falls back to its reference with a one-time info log.
 ``MMEFFVIT_OPS=0/1`` forces the reference / the compiled path.
+
+Ops: :func:`focus_feature_map` (FLatten's focusing function), :func:`linear_attention` (kv-first
+attention on mapped features: FLatten's mean normaliser or L²ViT's clamped sum with temperature)
+and :func:`focused_linear_attention` (both in one operator on the token layout; on CPU one pass
+over cache-sized token blocks, on CUDA the two CUDA operators composed).
 """
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
