@@ -129,9 +129,13 @@ def test_det_checkpoint_with_mim_test(det_run, shapes):
 
 def test_seg_test_and_resume(seg_run, shapes):
     run([sys.executable, 'tools/test.py', SEG_CFG, osp.join(seg_run, 'iter_2.pth'),
-         '--work-dir', seg_run, '--cfg-options'] + seg_options(shapes, 2))
+         '--work-dir', seg_run, '--show-dir', 'shown', '--cfg-options']
+        + seg_options(shapes, 2))
     metrics = last_metrics(seg_run)
     assert 0.0 <= metrics['mIoU'] <= 100.0
+    # every val image drawn, under the work dir (not the current directory)
+    drawn = glob.glob(osp.join(seg_run, 'shown', 'vis_data', 'vis_image', '*.png'))
+    assert len(drawn) == 3, drawn  # num_val of the shapes fixture
     out = run([sys.executable, 'tools/train.py', SEG_CFG, '--work-dir', seg_run, '--resume',
                osp.join(seg_run, 'iter_2.pth'), '--cfg-options'] + seg_options(shapes, 3))
     assert 'resumed epoch: 0, iter: 2' in out and 'Iter(train) [3/3]' in out

@@ -81,14 +81,19 @@ def run_task(task, args):
     run([sys.executable, 'tools/test.py', spec['config'], ckpt, '--work-dir', work_dir,
          '--show-dir', 'predictions', '--cfg-options'] + data_overrides(task, args.data_root))
     metrics, run_dir = latest_metrics(work_dir)
-    pictures = sorted(glob.glob(osp.join(run_dir, 'predictions', '**', '*.*'), recursive=True))
+    # mmdet draws into <run_dir>/predictions, mmseg into <work_dir>/predictions/vis_data
+    pictures = sorted(p for base in (run_dir, work_dir)
+                      for p in glob.glob(osp.join(base, 'predictions', '**', '*.*'),
+                                         recursive=True)
+                      if p.lower().endswith(('.jpg', '.jpeg', '.png')))
     summary = {k: metrics.get(k) for k in spec['metrics']}
     picture = None
     if pictures:
         picture = osp.join(work_dir, 'predictions' + osp.splitext(pictures[0])[1])
         shutil.copyfile(pictures[0], picture)
     return dict(task=task, train_minutes=round(train_min, 1), metrics=summary,
-                predictions_dir=osp.join(run_dir, 'predictions'), example=picture)
+                predictions_dir=osp.dirname(pictures[0]) if pictures else None,
+                example=picture)
 
 
 def main():

@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         '--show', action='store_true', help='display each prediction')
     parser.add_argument(
-        '--show-dir', help='save images with drawn predictions here '
-        '(mmdet: relative to <work_dir>/<timestamp>)')
+        '--show-dir', help='save images with drawn predictions here (relative paths: '
+        'mmdet <work_dir>/<timestamp>/DIR, mmseg <work_dir>/DIR/vis_data/vis_image, '
+        'mmpretrain <work_dir>/<timestamp>/DIR)')
     parser.add_argument(
         '--wait-time', type=float, default=2,
         help='seconds each image stays on screen with --show')

@@ -137,7 +137,12 @@ def _enable_visualization(cfg: Config, args: argparse.Namespace) -> None:
     if args.show_dir and dir_key:
         hook[dir_key] = args.show_dir
     elif args.show_dir:
-        cfg.visualizer.save_dir = args.show_dir
+        # mmseg draws through the visualizer, whose save_dir is otherwise relative to the
+        # current directory: keep it under the work dir, as mmdet's hook does
+        cfg.visualizer.save_dir = (args.show_dir if osp.isabs(args.show_dir) else
+                                   osp.join(cfg.work_dir, args.show_dir))
+    if scope == 'mmseg':
+        hook['interval'] = 1  # its default (50) draws nothing for a val set under 50 images
 
 
 # Toolboxes whose --tta falls back to flip TTA when the config has none.
