@@ -196,6 +196,7 @@ def test_mmdet_out_and_show_dir():
 
 def test_mmseg_out_and_show_dir():
     cfg = _toolbox_cfg('mmseg')
+    cfg.work_dir = 'wd'
     args = test_tool.parse_args(['c.py', 'w.pth', '--out', 'pred_dir',
                                  '--show-dir', 'vis'])
     launch.apply_test_args(cfg, args)
@@ -204,7 +205,8 @@ def test_mmseg_out_and_show_dir():
     assert cfg.test_evaluator.keep_results is True
     assert cfg.default_hooks.visualization.draw is True
     assert 'test_out_dir' not in cfg.default_hooks.visualization
-    assert cfg.visualizer.save_dir == 'vis'
+    assert cfg.visualizer.save_dir == 'wd/vis'  # under the work dir, not the current dir
+    assert cfg.default_hooks.visualization.interval == 1  # every image drawn
 
 
 def test_mmpretrain_out_and_show_dir():

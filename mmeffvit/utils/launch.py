@@ -139,8 +139,9 @@ def _enable_visualization(cfg: Config, args: argparse.Namespace) -> None:
     elif args.show_dir:
         # mmseg draws through the visualizer, whose save_dir is otherwise relative to the
         # current directory: keep it under the work dir, as mmdet's hook does
-        cfg.visualizer.save_dir = (args.show_dir if osp.isabs(args.show_dir) else
-                                   osp.join(cfg.work_dir, args.show_dir))
+        work_dir = cfg.get('work_dir', None)
+        cfg.visualizer.save_dir = (args.show_dir if osp.isabs(args.show_dir) or not work_dir
+                                   else osp.join(work_dir, args.show_dir))
     if scope == 'mmseg':
         hook['interval'] = 1  # its default (50) draws nothing for a val set under 50 images
 
