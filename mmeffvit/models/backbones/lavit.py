@@ -11,6 +11,7 @@ from ...utils import resize_token_grid, square_side, unknown_choice_error
 from ..layers import LayerNormFP32
 from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
 from ..layers.less_attention import LessAttention, VanillaAttention
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 from .flatten_pvt import PatchEmbed
 
@@ -58,18 +59,13 @@ class LaViTBlock(nn.Module):
 def _windows(x, hw, win):
     """``(B, H*W, C)`` → zero-padded non-overlapping windows ``(B*nW, wh*ww, C)``."""
     b, _, c = x.shape
-    nh, nw = -(-hw[0] // win[0]), -(-hw[1] // win[1])
-    grid = x.reshape(b, hw[0], hw[1], c)
-    grid = F.pad(grid, (0, 0, 0, nw * win[1] - hw[1], 0, nh * win[0] - hw[0]))
-    grid = grid.reshape(b, nh, win[0], nw, win[1], c).permute(0, 1, 3, 2, 4, 5)
-    return grid.reshape(b * nh * nw, win[0] * win[1], c), (nh, nw)
+    grid = pad_to_windows(x.reshape(b, hw[0], hw[1], c), win)
+    return window_partition(grid, win), (grid.shape[1] // win[0], grid.shape[2] // win[1])
 
 
 def _unwindow(x, hw, win, n_win):
-    b = x.shape[0] // (n_win[0] * n_win[1])
-    grid = x.reshape(b, n_win[0], n_win[1], win[0], win[1], -1).permute(0, 1, 3, 2, 4, 5)
-    grid = grid.reshape(b, n_win[0] * win[0], n_win[1] * win[1], -1)
-    return grid[:, :hw[0], :hw[1]].reshape(b, hw[0] * hw[1], -1)
+    grid = window_reverse(x, win, n_win[0] * win[0], n_win[1] * win[1])
+    return grid[:, :hw[0], :hw[1]].reshape(grid.shape[0], hw[0] * hw[1], -1)
 
 
 def _diagonal_blocks(attn, q_hw, k_hw, n_win, q_win, k_win):
