@@ -19,7 +19,7 @@ import mmeffvit  # noqa: E402,F401  registers modules and checkpoint globals
 from mmeffvit.utils.launch import (ConfigError, add_common_args,  # noqa: E402
                                    apply_train_args, build_runner,
                                    finish_args, load_config,
-                                   setup_cpu_distributed)
+                                   finish_distributed, setup_cpu_distributed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,7 @@ def main(argv=None) -> None:
         parser.error(str(err))
     setup_cpu_distributed(cfg, args.launcher)
     build_runner(cfg).train()
+    finish_distributed()
 
 
 if __name__ == '__main__':

@@ -288,6 +288,18 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
     return True
 
 
+def finish_distributed() -> None:
+    """Leave the process group, if any, once the runner is done.
+
+    mmengine never destroys it; gloo's worker threads then die in static destruction at exit,
+    which now and then aborts a rank ("terminate called without an active exception") after a
+    run that succeeded.
+    """
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+
+
 def build_runner(cfg: Config):
     """Build the runner named by ``cfg.runner_type`` or a plain Runner."""
     from mmengine.registry import RUNNERS, init_default_scope
