@@ -39,9 +39,11 @@ class FitReport:
 
     @property
     def fatal(self):
-        """Nothing loads, most shared keys differ in shape, or under half of the module loads."""
+        """As a backbone's weights: nothing loads, most shared keys differ in shape, under half
+        of the module loads, or the file has many keys the module lacks (a deeper variant)."""
         n = len(self.loaded)
-        return n == 0 or len(self.mismatched) > n or n < len(self.own) / 2
+        return (n == 0 or len(self.mismatched) > n or n < len(self.own) / 2
+                or len(self.unexpected) > n / 2)
 
     @property
     def complete(self):
@@ -241,8 +243,9 @@ def check_fit(model, state_dict, source='the checkpoint', meta_text='', is_backb
 
     Whole model: an error when no tensor would load or most shared keys differ in shape. Its
     backbone (``model.backbone``, when the file has ``backbone.`` keys): also when under half of
-    its tensors would load. ``is_backbone`` (a backbone's pretrained weights, already converted):
-    the backbone rules, and any shape difference is an error.
+    its tensors would load or the file has many backbone keys it lacks (:attr:`FitReport.fatal`).
+    ``is_backbone`` (a backbone's pretrained weights, already converted): the backbone rules for
+    the whole model, and any shape difference is an error.
 
     Returns:
         FitReport: of the whole model.
@@ -269,6 +272,8 @@ def check_fit(model, state_dict, source='the checkpoint', meta_text='', is_backb
     if failing.mismatched:
         lines.append(f'{len(failing.mismatched)} differ in shape (file vs model: '
                      f'{failing.mismatch_examples()})')
+    if failing.unexpected:
+        lines.append(f'{len(failing.unexpected)} tensors of the file have no place in it')
     lines.append(f'the model expects keys under {key_prefixes(failing.own)}; the file has '
                  f'{key_prefixes(failing.found)}')
     what = recognise(failing.found if failing is part_report else _backbone_keys(found))
