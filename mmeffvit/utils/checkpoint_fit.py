@@ -94,14 +94,19 @@ def _mmeffvit_backbones():
             and getattr(cls, 'arch_settings', None)}
 
 
-def module_name(module):
-    """``'FLatten-PVT-T'`` for an mmeffvit backbone of a named arch, else its class name."""
+def module_variant(module):
+    """``'FLatten-PVT-T'`` for an mmeffvit backbone built with a named arch, else None."""
     cls = type(module)
     arch = getattr(module, 'arch', None)
     for name, settings in (getattr(cls, 'arch_settings', None) or {}).items():
         if settings == arch:
             return display_name(cls.__name__, name)
-    return display_name(cls.__name__)
+    return None
+
+
+def module_name(module):
+    """:func:`module_variant`, or the class name."""
+    return module_variant(module) or display_name(type(module).__name__)
 
 
 class _LargeTensorsOnMeta(TorchFunctionMode):
@@ -135,7 +140,7 @@ def _pattern(key):
 
 
 def recognise(found):
-    """``'a FLatten-Swin-T checkpoint'`` when ``found`` (name -> shape) is an mmeffvit backbone.
+    """``'FLatten-Swin-T'`` when ``found`` (name -> shape) is an mmeffvit backbone's weights.
 
     Families are ranked by the overlap of their key patterns (indices removed) with the file's,
     using the first arch of each; the archs of the two best families are then compared key by
@@ -165,9 +170,19 @@ def recognise(found):
             if score > best[0]:
                 best = (score, display_name(name, arch))
     if best[0] >= .5:
-        return f'a {best[1]} checkpoint'
+        return best[1]
     if families and families[0][0] >= .5:
-        return f'a {display_name(families[0][1])} checkpoint of an unknown arch'
+        return f'{display_name(families[0][1])} of an unknown arch'
+    return None
+
+
+def _other_variant(found, module):
+    """The variant ``found`` is when it is recognised as another one than ``module`` (the
+    pre-training size aside: ``FLatten-CSWin-B@384`` weights suit a ``-B``), else None."""
+    ours = module_variant(module)
+    theirs = recognise(found) if ours else None
+    if theirs and 'unknown arch' not in theirs and theirs.split('@')[0] != ours.split('@')[0]:
+        return theirs
     return None
 
 
@@ -243,7 +258,8 @@ def check_fit(model, state_dict, source='the checkpoint', meta_text='', is_backb
 
     Whole model: an error when no tensor would load or most shared keys differ in shape. Its
     backbone (``model.backbone``, when the file has ``backbone.`` keys): also when under half of
-    its tensors would load or the file has many backbone keys it lacks (:attr:`FitReport.fatal`).
+    its tensors would load, the file has many backbone keys it lacks (:attr:`FitReport.fatal`),
+    or, when the load is partial, the file is recognised as another variant of a backbone.
     ``is_backbone`` (a backbone's pretrained weights, already converted): the backbone rules for
     the whole model, and any shape difference is an error.
 
@@ -261,9 +277,18 @@ def check_fit(model, state_dict, source='the checkpoint', meta_text='', is_backb
     whole_fails = not report.loaded or len(report.mismatched) > len(report.loaded)
     if is_backbone and (report.fatal or report.mismatched):
         whole_fails = True
-    if not whole_fails and not (part_report and part_report.fatal):
+    part_fails = bool(part_report and part_report.fatal)
+    # all shapes may fit and the file still be another variant (PVT-T weights in a PVT-S)
+    what = None
+    if is_backbone and not whole_fails and not report.complete:
+        what = _other_variant(found, model)
+        whole_fails = what is not None
+    elif part_report and not whole_fails and not part_fails and not part_report.complete:
+        what = _other_variant(part_report.found, backbone)
+        part_fails = what is not None
+    if not whole_fails and not part_fails:
         return report
-    failing = part_report if part_report and part_report.fatal and not whole_fails else report
+    failing = part_report if part_report and not whole_fails else report
     where = f"the model's backbone ({module_name(backbone)})" if failing is part_report else (
         f'{module_name(model)}' + (f' (backbone {module_name(backbone)})'
                                    if isinstance(backbone, torch.nn.Module) else ''))
@@ -276,10 +301,11 @@ def check_fit(model, state_dict, source='the checkpoint', meta_text='', is_backb
         lines.append(f'{len(failing.unexpected)} tensors of the file have no place in it')
     lines.append(f'the model expects keys under {key_prefixes(failing.own)}; the file has '
                  f'{key_prefixes(failing.found)}')
-    what = recognise(failing.found if failing is part_report else _backbone_keys(found))
+    if what is None:
+        what = recognise(failing.found if failing is part_report else _backbone_keys(found))
     if what or meta_text:
         model_part = backbone if isinstance(backbone, torch.nn.Module) else model
-        lines.append(f"the file is {what or 'an mmengine checkpoint'}"
+        lines.append(f"the file is {f'a {what} checkpoint' if what else 'an mmengine checkpoint'}"
                      + (f' ({meta_text})' if meta_text else '')
                      + f'; the config builds {module_name(model_part)}')
         if what and isinstance(backbone, torch.nn.Module) and part_report is None:
