@@ -15,6 +15,9 @@ import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'fpn_flatten_pvt_t_shapes.py')
+
 
 class Call:
     """Pickles as ``func(*args)``; ``func`` may itself be a pickled expression."""
@@ -130,3 +133,18 @@ def save(obj, path, legacy=False):
     with _yacs_importable():
         torch.save(obj, str(path), _use_new_zipfile_serialization=not legacy)
     return str(path)
+
+
+def build_segmentor(backbone=None, in_channels=None, num_classes=None):
+    """The seg demo's Semantic FPN (FLatten-PVT-T unless ``backbone`` is given)."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(SEG_CFG)
+    if backbone:
+        cfg.model.backbone = backbone
+        cfg.model.neck.in_channels = in_channels
+    if num_classes:
+        cfg.model.decode_head.num_classes = num_classes
+    init_default_scope('mmseg')
+    return MODELS.build(cfg.model), cfg

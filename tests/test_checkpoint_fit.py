@@ -4,10 +4,11 @@ In process, through mmengine's ``load_checkpoint`` (the function behind ``load_f
 ``tools/test.py``, ``--resume``, the toolboxes' scripts and Inferencers) and through
 ``init_cfg=Pretrained``; the command-line paths are in ``test_checkpoint_cli.py``.
 """
+import os.path as osp
+import sys
+
 import pytest
 import torch
-from mmengine.config import Config
-from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
 import mmeffvit  # noqa: F401  (installs the fit check)
@@ -15,21 +16,10 @@ import mmeffvit.utils.checkpoint_fit as fit
 from mmeffvit.models import FLattenPVT, FLattenPVTv2, FLattenSwin, LaViT
 from mmeffvit.utils.checkpoint_fit import CheckpointMismatchError, check_fit, recognise, shapes_of
 
-SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_shapes.py'
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from crafted_checkpoints import build_segmentor  # noqa: E402
+
 SWIN_RUN = 'fpn_flatten_swin_t_shapes_20260101_120000'
-
-
-def build_segmentor(backbone=None, in_channels=None, num_classes=None):
-    """The seg demo's Semantic FPN (FLatten-PVT-T unless ``backbone`` is given)."""
-    from mmseg.registry import MODELS
-    cfg = Config.fromfile(SEG_CFG)
-    if backbone:
-        cfg.model.backbone = backbone
-        cfg.model.neck.in_channels = in_channels
-    if num_classes:
-        cfg.model.decode_head.num_classes = num_classes
-    init_default_scope('mmseg')
-    return MODELS.build(cfg.model), cfg
 
 
 @pytest.fixture(scope='module')
