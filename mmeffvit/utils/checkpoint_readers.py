@@ -66,7 +66,8 @@ class _CheckedHistoryBuffer(HistoryBuffer):
                 raise _Refused(f'a HistoryBuffer whose {key} is a {type(state[key]).__name__}')
         methods = state.get('statistics_methods', {})
         if not isinstance(methods, dict) or any(
-                name not in _BUFFER_STATISTICS or fn is not vars(HistoryBuffer)[name]
+                type(name) is not str or name not in _BUFFER_STATISTICS
+                or fn is not vars(HistoryBuffer)[name]
                 for name, fn in methods.items()):
             raise _Refused('a HistoryBuffer with foreign statistics methods')
         self.__class__ = HistoryBuffer
@@ -75,7 +76,8 @@ class _CheckedHistoryBuffer(HistoryBuffer):
 
 def _buffer_statistic(obj, name):
     """``builtins.getattr`` in runner files: only ``getattr(HistoryBuffer, <statistic>)``."""
-    if (obj is HistoryBuffer or obj is _CheckedHistoryBuffer) and name in _BUFFER_STATISTICS:
+    if (obj is HistoryBuffer or obj is _CheckedHistoryBuffer) and type(name) is str \
+            and name in _BUFFER_STATISTICS:
         return vars(HistoryBuffer)[name]
     what = obj.__qualname__ if isinstance(obj, type) else type(obj).__name__
     what = 'HistoryBuffer' if what == '_CheckedHistoryBuffer' else what
@@ -101,6 +103,7 @@ def _numpy_globals():
 
 
 def _runner_globals():
+    """``(object, name in the pickle)`` allowed beyond torch's own list for runner files."""
     hb = 'mmengine.logging.history_buffer.HistoryBuffer'
     return [(_buffer_statistic, 'builtins.getattr'), (_CheckedHistoryBuffer, hb)] + _numpy_globals()
 
