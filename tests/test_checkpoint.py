@@ -31,13 +31,19 @@ def test_mmengine_loader_reads_runner_checkpoints(tmp_path):
     assert ckpt['message_hub']['log_scalars']['train/loss'].mean() == pytest.approx(0.375)
 
 
-def test_mmengine_loader_refuses_foreign_objects(tmp_path):
+def test_mmengine_loader_refuses_foreign_objects(tmp_path, monkeypatch):
     path = tmp_path / 'foreign.pth'
     torch.save({'model': {'w': torch.ones(1)}, 'args': argparse.Namespace(lr=1)}, path)
-    with pytest.raises(pickle.UnpicklingError, match='argparse.Namespace'):
+    monkeypatch.delenv('MMEFFVIT_TRUST_CHECKPOINTS', raising=False)
+    with pytest.raises(pickle.UnpicklingError, match=r"argparse.Namespace.*--trust-checkpoint"):
         _load_checkpoint(str(path), map_location='cpu')
-    # a local file given explicitly as pretrained weights is trusted, with a warning
-    assert torch.equal(load_checkpoint_file(str(path))['model']['w'], torch.ones(1))
+    with pytest.raises(pickle.UnpicklingError, match='argparse.Namespace'):
+        load_checkpoint_file(str(path))  # no longer trusted because it is local
+    # the tensors-only reader keeps the weights and drops the Namespace
+    assert list(load_checkpoint_file(str(path), tensors_only=True)) == ['model']
+    # the explicit opt-in unpickles in full
+    monkeypatch.setenv('MMEFFVIT_TRUST_CHECKPOINTS', '1')
+    assert _load_checkpoint(str(path), map_location='cpu')['args'].lr == 1
 
 
 def test_missing_and_corrupt_files(tmp_path):

@@ -22,6 +22,8 @@ from mmeffvit.utils.launch import (ConfigError, add_common_args,  # noqa: E402
                                    apply_test_args, build_runner,
                                    finish_args, load_config,
                                    finish_distributed, setup_cpu_distributed)
+from mmeffvit.utils.checkpoint import (add_trust_argument,  # noqa: E402
+                                       apply_trust_argument)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         '--tta', action='store_true', help='enable test-time augmentation')
     add_common_args(parser)
+    add_trust_argument(parser)
     return parser
 
 
@@ -57,6 +60,7 @@ def main(argv=None) -> None:
     """Run evaluation as described by the command line."""
     parser = build_parser()
     args = finish_args(parser.parse_args(argv))
+    apply_trust_argument(args)
     try:
         cfg = apply_test_args(load_config(args), args)
     except ConfigError as err:

@@ -20,6 +20,8 @@ from mmeffvit.utils.launch import (ConfigError, add_common_args,  # noqa: E402
                                    apply_train_args, build_runner,
                                    finish_args, load_config,
                                    finish_distributed, setup_cpu_distributed)
+from mmeffvit.utils.checkpoint import (add_trust_argument,  # noqa: E402
+                                       apply_trust_argument)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         help='resume training; without a value, from the latest checkpoint '
         'in the work dir, otherwise from the given checkpoint file')
     add_common_args(parser)
+    add_trust_argument(parser)
     return parser
 
 
@@ -51,6 +54,7 @@ def main(argv=None) -> None:
     """Run training as described by the command line."""
     parser = build_parser()
     args = finish_args(parser.parse_args(argv))
+    apply_trust_argument(args)
     try:
         cfg = apply_train_args(load_config(args), args)
     except ConfigError as err:

@@ -1,115 +1,166 @@
-"""Checkpoint loading that works with torch >= 2.6 and with official (non-OpenMMLab) layouts.
+"""Reading checkpoints without running code from them, for every path into mmeffvit and mmengine.
 
-torch >= 2.6 unpickles with ``weights_only=True`` by default. mmengine 0.10.7 checkpoints store
-``HistoryBuffer`` objects (numpy arrays, and bound statistics methods pickled through
-``builtins.getattr``) in their message hub, so ``--resume``, ``tools/test.py``, ``load_from``,
-``init_cfg=Pretrained`` and the toolboxes' own test scripts all fail to read them.
-:func:`allow_mmengine_checkpoints` runs when mmeffvit is imported (every config imports it through
-``custom_imports`` before any checkpoint is read) and makes mmengine's local-file loader use
-:func:`load_checkpoint_file`: the safe loader first, with the harmless numpy/HistoryBuffer classes
-allow-listed; a full unpickle only when every refused global is one that mmengine's own runner
-writes (``getattr`` cannot be allow-listed safely, so such files are trusted as mmengine trusted
-them before torch 2.6); anything else is refused with an explanation.
+:func:`load_checkpoint_file` reads a local file with the readers of
+:mod:`mmeffvit.utils.checkpoint_readers`:
+
+* the **runner reader** by default (``--resume``, ``load_from``, ``tools/test.py``, the
+  toolboxes' own scripts and Inferencers, through mmengine's ``CheckpointLoader``): tensors,
+  plain containers and what mmengine's runner writes;
+* the **tensors-only reader** with ``tensors_only=True`` (``init_cfg=Pretrained``, the
+  converters), for files the runner reader refuses: unknown classes (argparse / yacs objects of
+  official training files) become inert, only dicts of tensors are kept;
+* a **full unpickle** only for files the user trusts (``--trust-checkpoint`` or
+  ``MMEFFVIT_TRUST_CHECKPOINTS=1``), with a warning naming what the safe readers refused.
+
+:func:`allow_mmengine_checkpoints` (run when mmeffvit is imported; configs import it through
+``custom_imports`` before any checkpoint is read) routes mmengine's local and URL loaders through
+the runner reader and installs the fit check of :mod:`mmeffvit.utils.checkpoint_fit`.
 """
+import logging
 import os
+import os.path as osp
 import pickle
 import zipfile
+from urllib.parse import urlparse
 
-import numpy as np
 import torch
 from mmengine.logging import print_log
 
+from .checkpoint_readers import (TRUST_ENV, CorruptCheckpointError,  # noqa: F401
+                                 UnsafeCheckpointError, corrupt_error, read_runner_file,
+                                 read_tensors_only)
 
-def _numpy_globals():
-    """The numpy callables pickle needs to rebuild arrays and scalars (numpy 1.x and 2.x)."""
-    found = [np.ndarray, np.dtype]
-    for mod_name in ('numpy._core.multiarray', 'numpy.core.multiarray'):
-        try:
-            mod = __import__(mod_name, fromlist=['_reconstruct'])
-        except ImportError:
-            continue
-        found += [mod._reconstruct, mod.scalar]
-        break
-    # numpy >= 1.25 pickles dtypes as instances of per-type classes (numpy.dtypes.Float64DType)
-    dtypes = getattr(np, 'dtypes', None)
-    if dtypes is not None:
-        found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
-    return found
+_TRUE = ('1', 'true', 'yes', 'on')
 
 
-# what mmengine's runner pickles besides tensors (numpy.dtypes.*DType classes are matched apart)
-_RUNNER_GLOBALS = {
-    'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr', 'numpy.dtype',
-    'numpy.ndarray', 'numpy._core.multiarray._reconstruct', 'numpy.core.multiarray._reconstruct',
-    'numpy._core.multiarray.scalar', 'numpy.core.multiarray.scalar'
-}
+# -- trust opt-in -------------------------------------------------------------------------------
+def trust_requested():
+    """Whether ``MMEFFVIT_TRUST_CHECKPOINTS`` asks for full unpickling of refused files."""
+    return os.environ.get(TRUST_ENV, '').strip().lower() in _TRUE
 
 
-def _written_by_mmengine(unsupported):
-    return all(g in _RUNNER_GLOBALS or g.startswith('numpy.dtypes.') for g in unsupported)
+def add_trust_argument(parser):
+    """Add ``--trust-checkpoint`` to a command-line parser."""
+    parser.add_argument(
+        '--trust-checkpoint', action='store_true',
+        help='unpickle checkpoints in full when the safe reader refuses them (this runs any code '
+        f'the file holds: only for files from a source you trust; same as {TRUST_ENV}=1)')
 
 
-def _mmengine_local_loader(filename, map_location=None):
-    """Replacement of mmengine's loader for local paths (same contract: path, map_location)."""
-    filename = os.path.expanduser(filename)
-    if not os.path.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    return load_checkpoint_file(filename, map_location=map_location, trust=False)
+def apply_trust_argument(args):
+    """Export ``--trust-checkpoint`` to the environment (seen by every loader), with a warning."""
+    if getattr(args, 'trust_checkpoint', False):
+        os.environ[TRUST_ENV] = '1'
+    if trust_requested():
+        print_log(f'{TRUST_ENV} is set: checkpoints that the safe reader refuses will be '
+                  'unpickled in full, which runs any code they contain', logger='current',
+                  level=logging.WARNING)
 
 
-def allow_mmengine_checkpoints():
-    """Make checkpoints written by mmengine's runner loadable under torch >= 2.6 (idempotent)."""
-    from mmengine.logging.history_buffer import HistoryBuffer
-    from mmengine.runner.checkpoint import CheckpointLoader
-    torch.serialization.add_safe_globals([HistoryBuffer] + _numpy_globals())
-    CheckpointLoader.register_scheme(prefixes='', loader=_mmengine_local_loader, force=True)
-
-
-def load_checkpoint_file(path, map_location='cpu', trust=True):
-    """Load a checkpoint file with clear errors for missing, corrupt and unsafe files.
+# -- entry point ----------------------------------------------------------------------------------
+def load_checkpoint_file(path, map_location='cpu', tensors_only=False, trust=None):
+    """Read a local checkpoint without running code from it; clear errors for bad files.
 
     Args:
         path (str): Local file path.
         map_location: Passed to :func:`torch.load`.
-        trust (bool): Whether the file may be unpickled in full when the safe loader refuses
-            objects other than those mmengine's runner writes (official training files hold
-            yacs/argparse objects). A warning names what was refused.
+        tensors_only (bool): Read files the runner reader refuses (official training files with
+            argparse / yacs objects) with the tensors-only reader: only (nested) dicts of tensors
+            are returned. Files the runner reader accepts are returned whole either way.
+        trust (bool, optional): Unpickle refused files in full (with a warning). Default: the
+            ``MMEFFVIT_TRUST_CHECKPOINTS`` environment variable (set by ``--trust-checkpoint``).
 
     Returns:
-        The unpickled object.
+        The checkpoint object.
+
+    Raises:
+        UnsafeCheckpointError: the file holds objects the safe readers refuse.
     """
-    if not os.path.isfile(path):
+    if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path}')
-    if os.path.getsize(path) == 0:
-        raise RuntimeError(f'checkpoint {path} is empty (0 bytes): the download or save was cut')
-    corrupt = (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError)
+    if osp.getsize(path) == 0:
+        raise CorruptCheckpointError(
+            f'checkpoint {path} is empty (0 bytes): the download or save was cut')
+    trust = trust_requested() if trust is None else trust
+    corrupt = (RuntimeError, zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError,
+               AttributeError, IndexError, pickle.UnpicklingError)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        if 'Unsupported global' not in str(err):
-            raise _corrupt(path, err) from err
-        refused = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        if not _written_by_mmengine(refused):
-            if not trust:
-                raise pickle.UnpicklingError(
-                    f'{path} holds objects that the safe loader refuses: {sorted(refused)}. '
-                    'Only load it if you trust its source: save its weights as a plain state dict, '
-                    'or pass it as init_cfg=dict(type="Pretrained", ...) of an mmeffvit backbone '
-                    '(which trusts the local files it is given).') from err
-            print_log(f'{path} holds objects beyond tensors ({sorted(refused)}); loading it with '
-                      'weights_only=False because it was given as a trusted local file',
-                      logger='current', level=30)
+        return read_runner_file(path, map_location)
+    except CorruptCheckpointError:
+        raise
+    except UnsafeCheckpointError as refusal:
+        if tensors_only and not trust:
+            try:
+                ckpt, ignored = read_tensors_only(path, map_location)
+            except UnsafeCheckpointError:
+                raise
+            except corrupt as err:
+                raise corrupt_error(path, err) from err
+            print_log(f'{path}: read its tensors only; ignored {ignored}', logger='current')
+            return ckpt
+        if not trust:
+            raise
+        print_log(f'{path}: unpickled in full because it is trusted ({TRUST_ENV} / '
+                  f'--trust-checkpoint), although {str(refusal).split(": it holds ")[-1]}',
+                  logger='current', level=logging.WARNING)
         try:
             return torch.load(path, map_location=map_location, weights_only=False)
-        except corrupt as err2:
-            raise _corrupt(path, err2) from err2
-    except corrupt as err:
-        raise _corrupt(path, err) from err
+        except corrupt as err:
+            raise corrupt_error(path, err) from err
+    except (RuntimeError, zipfile.BadZipFile, EOFError, ValueError, KeyError) as err:
+        raise corrupt_error(path, err) from err
 
 
-def _corrupt(path, err):
-    return RuntimeError(f'checkpoint {path} is corrupt or truncated and cannot be read '
-                        f'({type(err).__name__}: {str(err).splitlines()[0]})')
+# -- mmengine integration ---------------------------------------------------------------------
+def _mmengine_local_loader(filename, map_location=None):
+    """Replacement of mmengine's loader for local paths (same contract: path, map_location)."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    from .checkpoint_fit import remember_source
+    return remember_source(load_checkpoint_file(filename, map_location=map_location), filename)
+
+
+def download_checkpoint(url, model_dir=None, progress=True):
+    """Download ``url`` into torch's hub cache (once) and return the local path."""
+    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
+    os.makedirs(model_dir, exist_ok=True)
+    cached = osp.join(model_dir, osp.basename(urlparse(url).path) or 'checkpoint.pth')
+    if not osp.isfile(cached):
+        match = torch.hub.HASH_REGEX.search(osp.basename(cached))
+        torch.hub.download_url_to_file(url, cached, match.group(1) if match else None,
+                                       progress=progress)
+    return cached
+
+
+def _safe_load_url(url, model_dir=None, map_location=None, progress=True, **kwargs):
+    """Stand-in for mmengine's ``load_url`` (torch.hub's, which unpickles with weights_only=False).
+
+    Used by mmengine's http(s), torchvision://, open-mmlab:// and mmcls:// loaders.
+    """
+    from .checkpoint_fit import remember_source
+    path = download_checkpoint(url, model_dir=model_dir, progress=progress)
+    return remember_source(load_checkpoint_file(path, map_location=map_location), url)
+
+
+def allow_mmengine_checkpoints():
+    """Route mmengine's checkpoint loading through the safe readers and the fit check (idempotent).
+
+    * local files (``CheckpointLoader`` scheme ``''``): the runner reader;
+    * URLs: ``mmengine.runner.checkpoint.load_url`` downloads, then the runner reader;
+    * ``mmengine.runner.checkpoint.load_state_dict``: checked by
+      :func:`mmeffvit.utils.checkpoint_fit.guard_load_state_dict` first. It is the one function
+      every mmengine path into a model goes through (``Runner.load_checkpoint`` for ``load_from``,
+      ``tools/test.py`` and ``--resume``, ``mmengine.runner.load_checkpoint`` used by the
+      toolboxes' scripts and Inferencers), looked up by name at call time, so patching it here
+      also covers the callers that imported ``_load_checkpoint_to_model`` directly.
+    """
+    import mmengine.runner.checkpoint as mm_checkpoint
+    from .checkpoint_fit import guard_load_state_dict
+    mm_checkpoint.CheckpointLoader.register_scheme(
+        prefixes='', loader=_mmengine_local_loader, force=True)
+    mm_checkpoint.load_url = _safe_load_url
+    mm_checkpoint.load_state_dict = guard_load_state_dict(mm_checkpoint.load_state_dict)
 
 
 def unwrap_state_dict(ckpt, prefix=None):

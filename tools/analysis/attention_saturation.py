@@ -70,7 +70,8 @@ def consecutive_similarity(maps):
 def load(model, path):
     if path:
         from mmeffvit.utils import load_checkpoint_file, unwrap_state_dict
-        state = model.convert_weights(unwrap_state_dict(load_checkpoint_file(path)))
+        ckpt = load_checkpoint_file(path, tensors_only=True)
+        state = model.convert_weights(unwrap_state_dict(ckpt))
         print(path, model.load_state_dict(state, strict=False))
 
 

@@ -2,10 +2,12 @@
 
 The official training files hold the weights under ``'model'`` (CSWin's EMA copy under
 ``'state_dict_ema'``, chosen with ``--ema``) next to optimizer state and yacs / argparse objects;
-they are read with :func:`mmeffvit.utils.load_checkpoint_file`, which unpickles a local file
-given explicitly. The weights go through the backbone's own ``convert_weights`` (classifier and
-final norm dropped, position tensors resized to ``--img-size``) and are checked by loading them
-into the backbone. The output is an mmengine-style checkpoint::
+they are read with mmeffvit's tensors-only reader (``load_checkpoint_file(tensors_only=True)``),
+which never calls what those objects would need and keeps only the tensors; files that would run
+code are refused (``--trust-checkpoint`` unpickles a file you trust in full). The weights go
+through the backbone's own ``convert_weights`` (classifier and final norm dropped, position
+tensors resized to ``--img-size``) and are checked by loading them into the backbone. The output
+is an mmengine-style checkpoint::
 
     {'state_dict': {'backbone.<name>': tensor, ...}, 'meta': {...}}
 
@@ -31,7 +33,9 @@ import torch  # noqa: E402
 import mmeffvit  # noqa: E402  registers the backbones
 from mmeffvit.models import (FLattenCSWin, FLattenDeiT, FLattenPVT,  # noqa: E402
                              FLattenPVTv2, FLattenSwin)
-from mmeffvit.utils import load_checkpoint_file, unwrap_state_dict  # noqa: E402
+from mmeffvit.utils.checkpoint import (add_trust_argument,  # noqa: E402
+                                       apply_trust_argument, load_checkpoint_file,
+                                       unwrap_state_dict)
 
 #: family -> (backbone class, a key only that family's checkpoints have, the key whose token
 #: count gives the pre-training size, that tensor's patch stride)
@@ -143,7 +147,7 @@ def convert(src, dst, family=None, arch=None, img_size=None, ema=False, verbose=
     Returns:
         dict: The ``meta`` written, with the missing and unexpected keys.
     """
-    ckpt = load_checkpoint_file(src)
+    ckpt = load_checkpoint_file(src, tensors_only=True)
     if ema:
         if not (isinstance(ckpt, dict) and 'state_dict_ema' in ckpt):
             raise KeyError(f'{src} holds no state_dict_ema')
@@ -197,7 +201,9 @@ def main(argv=None):
                         help='pre-training size of the converted backbone (default: the '
                         "checkpoint's; other sizes resize the position tensors)")
     parser.add_argument('--ema', action='store_true', help='convert state_dict_ema')
+    add_trust_argument(parser)
     args = parser.parse_args(argv)
+    apply_trust_argument(args)
     return convert(args.src, args.dst, args.family, args.arch, args.img_size, args.ema)
 
 

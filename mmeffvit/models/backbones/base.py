@@ -6,7 +6,9 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...utils import load_checkpoint_file, unknown_choice_error, unwrap_state_dict
+from ...utils import unknown_choice_error
+from ...utils.checkpoint import download_checkpoint, load_checkpoint_file, unwrap_state_dict
+from ...utils.checkpoint_fit import check_fit, describe_meta
 
 
 def resolve_arch(arch, arch_settings, aliases=None, required=()):
@@ -71,9 +73,10 @@ class EffBackbone(BaseModule):
     statistics frozen) during training; it has no effect on LayerNorm.
 
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` accepts OpenMMLab checkpoints and the
-    official releases (weights under ``'model'``), resizes resolution-bound tensors and reports
-    missing and unexpected keys. A missing file is a warning, not an error, so the configs' first
-    command also runs before the ImageNet weights are downloaded.
+    official releases (weights under ``'model'``), read tensors only (:func:`read_pretrained`),
+    resizes resolution-bound tensors and reports missing and unexpected keys. Weights of another
+    architecture are an error that names what the file is. A missing file is a warning, not an
+    error, so the configs' first command also runs before the ImageNet weights are downloaded.
     """
 
     #: random initialisation used when ``init_cfg`` is None (and when a pretrained file is missing)
@@ -142,34 +145,46 @@ class EffBackbone(BaseModule):
         path = cfg.get('checkpoint')
         if path is None:
             raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
-        if '://' in str(path):
-            from mmengine.runner import CheckpointLoader
-            ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
-        else:
-            try:
-                ckpt = load_checkpoint_file(path)
-            except FileNotFoundError:
-                print_log(
-                    f'{type(self).__name__}: pretrained checkpoint {path} not found; the backbone '
-                    'keeps its random initialisation (expect much lower accuracy). Download the '
-                    'official ImageNet weights to that path, or set model.backbone.init_cfg=None '
-                    'to train from scratch without this warning.', logger='current', level=30)
-                self.init_cfg = copy.deepcopy(self.default_init_cfg)
-                self._init_random()
-                return
-        state_dict = self.convert_weights(unwrap_state_dict(ckpt, prefix=cfg.get('prefix')))
-        own = self.state_dict()
-        mismatched = [k for k, v in state_dict.items() if k in own and own[k].shape != v.shape]
-        if mismatched:
-            details = ', '.join(f'{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}'
-                                for k in mismatched[:8])
-            raise RuntimeError(f'{type(self).__name__}: checkpoint {path} does not fit this '
-                               f'architecture: {details}')
+        try:
+            ckpt = read_pretrained(path)
+        except FileNotFoundError:
+            print_log(
+                f'{type(self).__name__}: pretrained checkpoint {path} not found; the backbone '
+                'keeps its random initialisation (expect much lower accuracy). Download the '
+                'official ImageNet weights to that path, or set model.backbone.init_cfg=None '
+                'to train from scratch without this warning.', logger='current', level=30)
+            self.init_cfg = copy.deepcopy(self.default_init_cfg)
+            self._init_random()
+            return
+        state_dict = unwrap_state_dict(ckpt, prefix=cfg.get('prefix'))
+        about = dict(source=f'checkpoint {path}', is_backbone=True,
+                     meta_text=describe_meta(ckpt.get('meta')))
+        try:
+            state_dict = self.convert_weights(state_dict)
+        except (KeyError, ValueError, RuntimeError, IndexError) as err:
+            check_fit(self, state_dict, **about)  # names the file when it is another backbone
+            raise RuntimeError(f'{type(self).__name__}: cannot convert the weights of {path} '
+                               f'({type(err).__name__}: {err})') from err
+        report = check_fit(self, state_dict, **about)
         result = self.load_state_dict(state_dict, strict=False)
-        if not state_dict or len(result.missing_keys) == len(own):
-            raise RuntimeError(f'{type(self).__name__}: no weight of {path} matches this model '
-                               f'(first keys: {list(state_dict)[:5]})')
-        print_log(f'{type(self).__name__}: loaded {len(state_dict) - len(result.unexpected_keys)} '
-                  f'tensors from {path}; missing: {result.missing_keys or "none"}; '
-                  f'unexpected: {result.unexpected_keys or "none"}', logger='current')
+        print_log(f'{type(self).__name__}: {report.line()} from {path}; missing: '
+                  f'{result.missing_keys or "none"}; unexpected: '
+                  f'{result.unexpected_keys or "none"}', logger='current')
         self._is_init = True
+
+
+def read_pretrained(path):
+    """The tensors of a pretrained checkpoint (local path or URL), read without running code.
+
+    http(s) files are downloaded to torch's hub cache and read, like local files, with the
+    tensors-only reader (official training files hold argparse / yacs objects); other schemes
+    (``torchvision://``, ``open-mmlab://`` ...) go through mmengine's loaders, which mmeffvit
+    routes through its safe reader.
+    """
+    path = str(path)
+    if path.startswith(('http://', 'https://')):
+        path = download_checkpoint(path)
+    elif '://' in path:
+        from mmengine.runner import CheckpointLoader
+        return CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    return load_checkpoint_file(path, tensors_only=True)
