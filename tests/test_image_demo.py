@@ -244,3 +244,27 @@ def test_demo_writes_curves(tmp_path):
     assert Image.open(work / 'seg' / 'curves.png').format == 'PNG'
     summary = json.loads((work / 'summary.json').read_text())
     assert summary[0]['curves'] == str(work / 'seg' / 'curves.png')
+
+
+@pytest.mark.e2e
+def test_toolbox_inferencers_alone_load_mmeffvit_through_the_config(det_run, seg_run, tmp_path):
+    """A user's own script: only the config's custom_imports brings in mmeffvit (models, scope,
+    checkpoint loader), while the inferencers set their default scope themselves."""
+    script = tmp_path / 'infer.py'
+    script.write_text(
+        'import sys\n'
+        'from mmdet.apis import DetInferencer\n'
+        'from mmseg.apis import MMSegInferencer\n'
+        'cfg_det, ckpt_det, cfg_seg, ckpt_seg, img, out = sys.argv[1:]\n'
+        "assert 'mmeffvit' not in sys.modules\n"
+        "det = DetInferencer(cfg_det, weights=ckpt_det, device='cpu', show_progress=False)\n"
+        "assert 'mmeffvit' in sys.modules\n"
+        'res = det(img, out_dir=out)\n'
+        "print('det', len(res['predictions'][0]['scores']), det.model.dataset_meta['classes'])\n"
+        "seg = MMSegInferencer(cfg_seg, weights=ckpt_seg, device='cpu')\n"
+        "print('seg', seg(img)['predictions'].shape)\n")
+    text = run([sys.executable, str(script), osp.join(ROOT, DET_CFG),
+                osp.join(det_run, 'iter_2.pth'), osp.join(ROOT, SEG_CFG),
+                osp.join(seg_run, 'iter_2.pth'), sample_photo('coffee'), str(tmp_path / 'o')])
+    assert re.search(r"det \d+ \('circle', 'square', 'triangle', 'star'\)", text), text[-3000:]
+    assert 'seg (400, 600)' in text
