@@ -81,6 +81,7 @@ def test_collect_images(tmp_path, capsys):
     (['sample:coffee', DET_CFG, 'missing.pth'], 'checkpoint missing.pth not found'),
     (['sample:coffee', 'configs/nope.py'], 'config configs/nope.py not found'),
     (['sample:coffee', SEG_CFG, '--opacity', '2'], 'not in \\[0, 1\\]'),
+    (['sample:coffee', DET_CFG, '--palette', 'ade20k'], "mmdet knows 'random', 'coco'"),
 ])
 def test_option_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
