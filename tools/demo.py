@@ -81,6 +81,8 @@ def run_task(task, args):
     run([sys.executable, 'tools/test.py', spec['config'], ckpt, '--work-dir', work_dir,
          '--show-dir', 'predictions', '--cfg-options'] + data_overrides(task, args.data_root))
     metrics, run_dir = latest_metrics(work_dir)
+    curves = osp.join(work_dir, 'curves.png')  # losses and metrics vs iteration
+    run([sys.executable, 'tools/analysis/plot_logs.py', work_dir, '--out', curves])
     # mmdet draws into <run_dir>/predictions, mmseg into <work_dir>/predictions/vis_data
     pictures = sorted(p for base in (run_dir, work_dir)
                       for p in glob.glob(osp.join(base, 'predictions', '**', '*.*'),
@@ -93,7 +95,7 @@ def run_task(task, args):
         shutil.copyfile(pictures[0], picture)
     return dict(task=task, train_minutes=round(train_min, 1), metrics=summary,
                 predictions_dir=osp.dirname(pictures[0]) if pictures else None,
-                example=picture)
+                example=picture, curves=curves)
 
 
 def main():
@@ -112,6 +114,7 @@ def main():
         for key, value in res['metrics'].items():
             print(f'  {key}: {value}')
         print(f"  predictions drawn in {res['predictions_dir']}; example: {res['example']}")
+        print(f"  training curves: {res['curves']}")
     with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
         json.dump(results, f, indent=2)
 

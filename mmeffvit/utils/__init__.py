@@ -3,6 +3,7 @@ from .checkpoint import (allow_mmengine_checkpoints, load_checkpoint_file,
 from .complexity import ComplexityReport, analyze, backbone_complexity, config_complexity
 from .suggest import closest_first, install_registry_hints, unknown_choice_error
 from .tensor import at_least_fp32, resize_token_grid, square_side
+from .sample_photos import SAMPLE_PHOTOS, sample_photo
 
 __all__ = [
     'allow_mmengine_checkpoints', 'at_least_fp32', 'load_checkpoint_file', 'resize_token_grid',
@@ -10,3 +11,4 @@ __all__ = [
     'unknown_choice_error', 'ComplexityReport', 'analyze', 'backbone_complexity',
     'config_complexity'
 ]
+__all__ += ['SAMPLE_PHOTOS', 'sample_photo']

@@ -47,6 +47,22 @@ def kv_first_linear_attention(q, k, v, eps=1e-6):
     return ops.linear_attention(q, k, v, normalizer='mean', eps=eps)
 
 
+def _check_tokens(name, tokens, grid, channels, batch=None, grid_name='hw_shape'):
+    """Raise a ValueError naming the mismatch unless ``tokens`` is ``(B, h*w, channels)``."""
+    shape = tuple(getattr(tokens, 'shape', ()))
+    if len(grid) != 2 or not all(side > 0 for side in grid):
+        raise ValueError(f'{grid_name} must be (H, W) with positive sides, got {tuple(grid)}')
+    if len(shape) != 3:
+        raise ValueError(f'{name} must be a (B, tokens, C) tensor, got shape {shape}')
+    if shape[1] != grid[0] * grid[1]:
+        raise ValueError(f'{name} has {shape[1]} tokens, {grid_name} {tuple(grid)} has '
+                         f'{grid[0] * grid[1]}')
+    if shape[2] != channels:
+        raise ValueError(f'{name} has {shape[2]} channels, the module embed_dims={channels}')
+    if batch is not None and shape[0] != batch:
+        raise ValueError(f'{name} has batch size {shape[0]}, q has {batch}')
+
+
 class FocusedLinearAttention(BaseModule):
     """Focused linear attention with depthwise-conv rank restoration (FLatten, sec. 4).
 
@@ -76,6 +92,29 @@ class FocusedLinearAttention(BaseModule):
         proj_drop (float): Dropout after the output projection.
         pe_interpolation (str): Mode used to resize the positional encoding.
         init_cfg (dict, optional): Initialisation config.
+
+    Standalone use (a token mixer for your own model; see also the README):
+
+    * :meth:`forward` ``(x, hw_shape)``: ``x`` is ``(B, H*W, C)`` tokens of an ``H×W`` map in
+      row-major order (``feature_map.flatten(2).transpose(1, 2)``), ``C = embed_dims``; returns
+      ``(B, H*W, C)``. Cost and memory are linear in ``H*W``; any ``H``, ``W`` (the positional
+      encoding is resized, the DWC pads).
+    * :meth:`attend` ``(q, k, v, hw_shape[, kv_hw])``: the attention and its DWC term alone, on
+      tokens the caller projected (use ``qkv_layout=None`` to create no projection at all).
+    * dtypes: float32, float64, bfloat16 or float16, the module's parameters in the same dtype as
+      the inputs, or fp32 parameters under ``torch.autocast``. The focusing function and the
+      attention sums always run in fp32 (fp64 for fp64 inputs); the output has the dtype of
+      ``q`` (of ``x``).
+    * A ``ValueError`` names the mismatch for tensors that are not ``(B, tokens, C)``, token
+      counts that differ from the grid, channels other than ``embed_dims`` and batch sizes that
+      differ between q, k and v.
+
+    Example:
+        >>> attn = FocusedLinearAttention(64, 2, pe_size=(14, 14), qkv_layout='qkv')
+        >>> feature_map = torch.randn(2, 64, 20, 30)              # (B, C, H, W)
+        >>> tokens = feature_map.flatten(2).transpose(1, 2)       # (B, H*W, C)
+        >>> attn(tokens, (20, 30)).shape
+        torch.Size([2, 600, 64])
     """
 
     def __init__(self,
@@ -149,9 +188,7 @@ class FocusedLinearAttention(BaseModule):
         """Args: x ``(B, H*W, C)`` tokens, hw_shape ``(H, W)``. Returns ``(B, H*W, C)``."""
         if self.qkv_layout is None:
             raise RuntimeError("qkv_layout=None: project q, k, v yourself and call attend()")
-        n = x.shape[1]
-        if n != hw_shape[0] * hw_shape[1]:
-            raise ValueError(f'{n} tokens do not match hw_shape {tuple(hw_shape)}')
+        _check_tokens('x', x, hw_shape, self.embed_dims)
         q, k, v, kv_hw = self._project(x, hw_shape)
         return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
 
@@ -167,6 +204,10 @@ class FocusedLinearAttention(BaseModule):
             Tensor: ``(B, H*W, C)`` in the dtype of ``q``.
         """
         kv_hw = tuple(hw_shape if kv_hw is None else kv_hw)
+        kv_name = 'hw_shape' if kv_hw == tuple(hw_shape) else 'kv_hw'
+        for name, tokens, grid, grid_name in (('q', q, hw_shape, 'hw_shape'),
+                                              ('k', k, kv_hw, kv_name), ('v', v, kv_hw, kv_name)):
+            _check_tokens(name, tokens, grid, self.embed_dims, q.shape[0], grid_name)
         b, n, c = q.shape
         if self.positional_encoding is not None:
             k = k + resize_token_grid(self.positional_encoding, self.pe_size, kv_hw,
