@@ -1,4 +1,4 @@
-"""Fast tests of tools/train.py, tools/test.py and mmeffvit.utils.launch.
+"""Fast tests of tools/train.py, tools/test.py and mmeffvit.engine.launch.
 
 Nothing here trains a real model; the distributed tests only prove that the
 CPU (gloo) launch path works, using a two-iteration toy model.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from mmengine.config import Config
 
-from mmeffvit.utils import launch
+from mmeffvit.engine import launch
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

@@ -16,10 +16,9 @@ if sys.path[0] != REPO_ROOT:
     sys.path.insert(0, REPO_ROOT)
 
 import mmeffvit  # noqa: E402,F401  registers modules and checkpoint globals
-from mmeffvit.utils.launch import (ConfigError, add_common_args,  # noqa: E402
-                                   apply_train_args, build_runner,
-                                   finish_args, load_config,
-                                   finish_distributed, setup_cpu_distributed)
+from mmeffvit.engine.launch import (  # noqa: E402
+    ConfigError, add_common_args, apply_train_args, build_runner, finish_args, load_config,
+    finish_distributed, setup_cpu_distributed)
 
 
 def build_parser() -> argparse.ArgumentParser:

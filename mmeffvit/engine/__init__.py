@@ -1,0 +1,1 @@
+"""What tools/train.py and tools/test.py share: config and launcher handling (``launch``)."""
