@@ -138,14 +138,19 @@ def test_work_dir_priority(tmp_path):
 
 @pytest.mark.parametrize('argv, resume, load_from', [
     ([], False, 'init.pth'),
-    (['--resume'], True, None),
-    (['--resume', 'w/iter_8.pth'], True, 'w/iter_8.pth'),
+    (['--resume'], True, 'WORK/iter_8.pth'),  # the newest intact checkpoint of the work dir
+    (['--resume', 'WORK/iter_4.pth'], True, 'WORK/iter_4.pth'),
 ])
-def test_resume_cfg_fields(argv, resume, load_from):
-    cfg = Config(dict(resume=False, load_from='init.pth',
+def test_resume_cfg_fields(tmp_path, argv, resume, load_from):
+    for step in (4, 8):
+        torch.save(dict(step=step), str(tmp_path / f'iter_{step}.pth'))
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_8.pth'))
+    cfg = Config(dict(resume=False, load_from='init.pth', work_dir=str(tmp_path),
                       optim_wrapper=dict(type='OptimWrapper')))
+    argv = [a.replace('WORK', str(tmp_path)) for a in argv]
     launch.apply_train_args(cfg, train_tool.parse_args(['c.py'] + argv))
-    assert (cfg.resume, cfg.load_from) == (resume, load_from)
+    assert (cfg.resume, cfg.load_from) == (resume, load_from.replace('WORK', str(tmp_path)))
+    assert [h['type'] for h in cfg.custom_hooks] == ['ResumeStateHook', 'NonFiniteLossHook']
 
 
 def test_amp_needs_gpu(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ runner for mmdet, mmseg and mmpretrain alike; the toolbox is read from
 import argparse
 import copy
 import datetime
+import logging
 import os
 import os.path as osp
 import subprocess
@@ -16,6 +17,10 @@ from typing import Optional
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.logging import print_log
+
+from .hooks import add_default_hooks
+from .resume import checkpoint_problem, find_resume_checkpoint
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -80,7 +85,7 @@ def amp_device_available() -> bool:
 
 
 def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
-    """Apply --amp, --auto-scale-lr and --resume to ``cfg``.
+    """Apply --amp, --auto-scale-lr and --resume to ``cfg`` and add mmeffvit's training hooks.
 
     Raises:
         ConfigError: if an option does not fit the config or the machine.
@@ -100,12 +105,28 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
                 '--auto-scale-lr needs "auto_scale_lr = dict('
                 'base_batch_size=...)" in the config, which is missing')
         scale_cfg.enable = True
+    add_default_hooks(cfg)
     if args.resume == 'auto':
-        # load_from=None makes the runner look for the latest checkpoint.
-        cfg.resume, cfg.load_from = True, None
+        # The checkpoint is chosen here rather than by the runner, which neither passes over
+        # a truncated one nor says plainly that there is none (see engine/resume.py).
+        path, notes = find_resume_checkpoint(cfg.work_dir)
+        for note in notes:
+            _warn_on_rank0(note)
+        if path is None:
+            cfg.resume = False  # a fresh run; the config's load_from (if any) still applies
+        else:
+            cfg.resume, cfg.load_from = True, path
     elif args.resume is not None:
+        problem = None if '://' in args.resume else checkpoint_problem(args.resume)
+        if problem is not None:
+            raise ConfigError(f'cannot resume from {args.resume}: {problem}')
         cfg.resume, cfg.load_from = True, args.resume
     return cfg
+
+
+def _warn_on_rank0(message: str) -> None:
+    if int(os.environ.get('RANK', '0')) == 0:  # every rank decides alike; one says so
+        print_log(message, logger='current', level=logging.WARNING)
 
 
 def _innermost_dataset(dataset_cfg: ConfigDict) -> ConfigDict:
