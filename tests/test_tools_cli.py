@@ -335,8 +335,8 @@ def test_cpu_distributed_init(tmp_path, monkeypatch):
         assert res['applied'] is True
         assert res['backend'] == 'gloo' and res['cfg_backend'] == 'gloo'
         assert res['sum'] == 3.0
-        assert res['wrapper'] == dict(
-            type='MMDistributedDataParallel', broadcast_buffers=False,
+        assert res['wrapper'] == dict(  # the CPU variant converts SyncBN
+            type='CPUSyncBNMMDistributedDataParallel', broadcast_buffers=False,
             find_unused_parameters=False, device_ids=None)
         assert res['slurm_sum'] == 20.0
         assert res['slurm_rank'] == rank and res['slurm_env_rank'] == str(

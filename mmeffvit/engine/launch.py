@@ -19,6 +19,7 @@ import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 
+from .cpu_sync_bn import cpu_wrapper_type
 from .hooks import add_default_hooks
 from .resume import checkpoint_problem, find_resume_checkpoint
 
@@ -279,7 +280,8 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
 
     Joins a gloo process group before the runner exists (the runner skips
     its own initialisation when one is already up) and makes the DDP wrapper
-    CPU-friendly. With CUDA, or without a launcher, nothing changes.
+    CPU-friendly (no device ids; SyncBN becomes CPUSyncBatchNorm). With CUDA,
+    or without a launcher, nothing changes.
 
     Returns:
         bool: whether the CPU setup was applied.
@@ -297,13 +299,13 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
         wrapper = cfg.model_wrapper_cfg
     from mmengine.registry import MODEL_WRAPPERS
     from torch.nn.parallel import DistributedDataParallel
-    wrapper_cls = MODEL_WRAPPERS.get(wrapper.get('type',
-                                                 'MMDistributedDataParallel'))
-    if isinstance(wrapper_cls, type) and issubclass(wrapper_cls,
-                                                    DistributedDataParallel):
+    wrapper_cls = MODEL_WRAPPERS.get(wrapper.get('type', 'MMDistributedDataParallel'))
+    if isinstance(wrapper_cls, type) and issubclass(wrapper_cls, DistributedDataParallel):
         # The runner fills device_ids=[LOCAL_RANK] for DDP wrappers unless
         # the key is present; DDP rejects device_ids for CPU modules.
         wrapper.setdefault('device_ids', None)
+        # ...and refuses CUDA SyncBN in a CPU module: the wrapper's CPU variant converts it
+        wrapper.type = cpu_wrapper_type(wrapper_cls)
     if not torch_dist.is_initialized():
         init_cpu_process_group(launcher, timeout=dist_cfg.get('timeout'))
     return True
