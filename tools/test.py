@@ -20,7 +20,8 @@ if sys.path[0] != REPO_ROOT:
 import mmeffvit  # noqa: E402,F401  registers modules and checkpoint globals
 from mmeffvit.engine.launch import (  # noqa: E402
     ConfigError, add_common_args, apply_test_args, build_runner, finish_args, load_config,
-    finish_distributed, setup_cpu_distributed)
+    finish_distributed, setup_cpu_distributed, check_inputs)
+from mmeffvit.engine.errors import run_cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,10 +61,11 @@ def main(argv=None) -> None:
         cfg = apply_test_args(load_config(args), args)
     except ConfigError as err:
         parser.error(str(err))
+    check_inputs(cfg, ('test', ))
     setup_cpu_distributed(cfg, args.launcher)
     build_runner(cfg).test()
     finish_distributed()
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -20,6 +20,7 @@ from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 
 from .cpu_sync_bn import cpu_wrapper_type
+from .data_checks import check_data_roots, install_dataset_checks
 from .hooks import add_default_hooks
 from .resume import checkpoint_problem, find_resume_checkpoint
 
@@ -42,6 +43,9 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         '--launcher', choices=LAUNCHERS, default='none',
         help='how the processes were started')
+    parser.add_argument(
+        '--debug', action='store_true',
+        help='show the full traceback of config and data errors (also: MMEFFVIT_DEBUG=1)')
     # torch.distributed.launch passes --local-rank; older versions used _.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
                         help='set by the launcher; do not pass by hand')
@@ -51,6 +55,21 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Export the launcher's local rank unless the environment has one."""
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
+
+
+def train_splits(cfg: Config) -> tuple:
+    """The dataloaders a training run builds: train, and val when it validates."""
+    return ('train', 'val') if cfg.get('val_cfg', None) else ('train', )
+
+
+def check_inputs(cfg: Config, splits) -> None:
+    """Check the data roots of ``splits`` and make dataset errors name their files.
+
+    Raises:
+        DataError: if a dataset's data_root does not exist.
+    """
+    install_dataset_checks()
+    check_data_roots(cfg, splits)
 
 
 def get_scope(cfg: Config) -> str:
