@@ -10,6 +10,7 @@ import subprocess
 import textwrap
 
 import pytest
+from mmengine.runner.checkpoint import _load_checkpoint
 
 from mmeffvit.datasets import generate_shapes
 
@@ -52,7 +53,10 @@ def _trained(rc, out, work_dir):
     assert "'backend': 'gloo'" in out and 'GPU number: 2' in out
     assert 'CPUSyncBNMMDistributedDataParallel' in out  # the SyncBN heads were converted
     assert 'Iter(train) [2/2]' in out and 'mIoU' in out
-    assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
+    # both processes' generator states went into the checkpoint (rank 0 writes it)
+    state = _load_checkpoint(osp.join(work_dir, 'iter_2.pth'), map_location='cpu')['resume_state']
+    assert state['world_size'] == 2 and len(state['rng']) == 2
+    assert all({'python', 'numpy', 'torch'} <= set(rank) for rank in state['rng'])
 
 
 def test_semantic_fpn_syncbn(ade, tmp_path):
