@@ -64,6 +64,21 @@ def test_empty_or_corrupt_image_is_named(coco, content):
         dataset[0]
 
 
+def test_image_error_from_a_dataloader_worker_keeps_its_message(coco):
+    from torch.utils.data import DataLoader
+
+    from mmeffvit.engine.errors import user_error_message
+    dataset = coco_dataset(coco)
+    broken = dataset.get_data_info(0)['img_path']
+    open(broken, 'wb').close()
+    loader = DataLoader(dataset, batch_size=1, num_workers=1, collate_fn=lambda batch: batch)
+    with pytest.raises(DataError) as err:
+        next(iter(loader))
+    message = user_error_message(err.value)
+    assert message.startswith('DataError: CocoDataset') and broken in message
+    assert 'Traceback' not in message and 'worker' not in message
+
+
 def test_training_set_without_annotations(coco):
     ann = coco / 'annotations' / 'instances_train2017.json'
     data = json.loads(ann.read_text())
