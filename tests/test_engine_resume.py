@@ -131,3 +131,72 @@ def test_old_checkpoint_without_state_warns():
     hook.after_load_checkpoint(runner, dict(meta=dict(iter=4, epoch=0)))
     hook.before_train(runner)
     assert logs == []
+
+
+# --- in-process runs of mmengine's Runner: both loop types, validation in between --------------
+
+def _toy_runner(work_dir, loop, name, resume_from=None, losses=None):
+    from mmengine.evaluator import BaseMetric, Evaluator
+    from mmengine.hooks import Hook
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+    from torch.utils.data import Dataset
+
+    class Net(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, inputs, target, mode='tensor'):
+            pred = self.fc(self.drop(inputs)).squeeze(-1)
+            return dict(loss=((pred - target) ** 2).mean()) if mode == 'loss' else [pred]
+
+    class Noisy(Dataset):  # numpy and python random "augmentation"
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            x = torch.full((4, ), float(i)) + torch.from_numpy(np.random.rand(4)).float()
+            return dict(inputs=x * random.uniform(0.5, 1.5), target=torch.tensor(float(i)))
+
+    class Metric(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.append(0.0)
+
+        def compute_metrics(self, results):
+            return dict(zero=0.0)
+
+    class Record(Hook):
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            losses[runner.iter + 1] = outputs['loss'].item()
+
+    def loader(shuffle):
+        return dict(batch_size=2, num_workers=0, dataset=Noisy(),
+                    sampler=dict(type='DefaultSampler', shuffle=shuffle),
+                    collate_fn=dict(type='default_collate'))
+
+    by_epoch = loop == 'EpochBasedTrainLoop'
+    train_cfg = dict(type=loop, val_interval=1 if by_epoch else 3,
+                     **(dict(max_epochs=3) if by_epoch else dict(max_iters=9)))
+    return Runner(
+        model=Net(), work_dir=str(work_dir), experiment_name=name,
+        train_dataloader=loader(True), val_dataloader=loader(False),
+        val_evaluator=Evaluator(Metric()), train_cfg=train_cfg, val_cfg=dict(),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1 if by_epoch else 3,
+                                           by_epoch=by_epoch),
+                           logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[ResumeStateHook(), Record()], randomness=dict(seed=0),
+        resume=resume_from is not None, load_from=resume_from, default_scope='mmengine')
+
+
+@pytest.mark.parametrize('loop, checkpoint, first_new', [
+    ('IterBasedTrainLoop', 'iter_3.pth', 4), ('EpochBasedTrainLoop', 'epoch_1.pth', 4)])
+def test_resumed_toy_run_repeats_the_uninterrupted_one(tmp_path, loop, checkpoint, first_new):
+    reference, resumed = {}, {}
+    _toy_runner(tmp_path / 'a', loop, f'ref_{loop}', losses=reference).train()
+    ckpt = str(tmp_path / 'a' / checkpoint)
+    _toy_runner(tmp_path / 'b', loop, f'res_{loop}', resume_from=ckpt, losses=resumed).train()
+    assert len(reference) == 9 and sorted(resumed) == list(range(first_new, 10))
+    assert all(resumed[i] == reference[i] for i in resumed), (resumed, reference)
