@@ -308,3 +308,19 @@ def test_autocast_forward_backward_matches_fp32(dtype):
     model = LaViT('tiny', drop_path_rate=0.)  # both passes must run the same network
     model.init_weights()
     check_autocast_against_fp32(model, torch.rand(1, 3, 97, 131), dtype)
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'small', 'base'])
+def test_inputs_below_32_pixels(arch):
+    """The reduction convs need 32 px; smaller inputs are zero-padded and outputs cropped."""
+    model = LaViT(arch).eval()
+    with torch.no_grad():
+        for size in [(1, 1), (7, 20), (31, 31)]:
+            x = torch.rand(1, 3, *size)
+            outs = model(x)
+            assert [tuple(o.shape[-2:]) for o in outs] == [
+                (-(-size[0] // s), -(-size[1] // s)) for s in (4, 8, 16, 32)]
+            assert all(torch.isfinite(o).all() for o in outs)
+            padded = model(F.pad(x, (0, 32 - size[1], 0, 32 - size[0])))
+            for out, ref in zip(outs, padded):
+                assert torch.equal(out, ref[..., :out.shape[-2], :out.shape[-1]])

@@ -37,6 +37,8 @@ def test_misspelt_type_lists_mmeffvit_names_closest_first(scope):
         registry_of(scope).build(dict(type='FlattenPVTT'))
     msg = str(err.value)
     assert 'not in the' in msg and 'mmeffvit registers (closest first): FLattenPVT' in msg
+    # printed as written: a real line break, no literal backslash-n, no repr quotes
+    assert '\n' + 'mmeffvit registers' in msg and '\\n' not in msg and msg[0] != '"'
 
 
 def test_misspelt_backbone_inside_a_detector_config():

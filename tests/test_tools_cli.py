@@ -1,4 +1,4 @@
-"""Fast tests of tools/train.py, tools/test.py and mmeffvit.utils.launch.
+"""Fast tests of tools/train.py, tools/test.py and mmeffvit.engine.launch.
 
 Nothing here trains a real model; the distributed tests only prove that the
 CPU (gloo) launch path works, using a two-iteration toy model.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from mmengine.config import Config
 
-from mmeffvit.utils import launch
+from mmeffvit.engine import launch
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -138,14 +138,19 @@ def test_work_dir_priority(tmp_path):
 
 @pytest.mark.parametrize('argv, resume, load_from', [
     ([], False, 'init.pth'),
-    (['--resume'], True, None),
-    (['--resume', 'w/iter_8.pth'], True, 'w/iter_8.pth'),
+    (['--resume'], True, 'WORK/iter_8.pth'),  # the newest intact checkpoint of the work dir
+    (['--resume', 'WORK/iter_4.pth'], True, 'WORK/iter_4.pth'),
 ])
-def test_resume_cfg_fields(argv, resume, load_from):
-    cfg = Config(dict(resume=False, load_from='init.pth',
+def test_resume_cfg_fields(tmp_path, argv, resume, load_from):
+    for step in (4, 8):
+        torch.save(dict(step=step), str(tmp_path / f'iter_{step}.pth'))
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_8.pth'))
+    cfg = Config(dict(resume=False, load_from='init.pth', work_dir=str(tmp_path),
                       optim_wrapper=dict(type='OptimWrapper')))
+    argv = [a.replace('WORK', str(tmp_path)) for a in argv]
     launch.apply_train_args(cfg, train_tool.parse_args(['c.py'] + argv))
-    assert (cfg.resume, cfg.load_from) == (resume, load_from)
+    assert (cfg.resume, cfg.load_from) == (resume, load_from.replace('WORK', str(tmp_path)))
+    assert [h['type'] for h in cfg.custom_hooks] == ['ResumeStateHook', 'NonFiniteLossHook']
 
 
 def test_amp_needs_gpu(tmp_path, monkeypatch, capsys):
@@ -330,8 +335,8 @@ def test_cpu_distributed_init(tmp_path, monkeypatch):
         assert res['applied'] is True
         assert res['backend'] == 'gloo' and res['cfg_backend'] == 'gloo'
         assert res['sum'] == 3.0
-        assert res['wrapper'] == dict(
-            type='MMDistributedDataParallel', broadcast_buffers=False,
+        assert res['wrapper'] == dict(  # the CPU variant converts SyncBN
+            type='CPUSyncBNMMDistributedDataParallel', broadcast_buffers=False,
             find_unused_parameters=False, device_ids=None)
         assert res['slurm_sum'] == 20.0
         assert res['slurm_rank'] == rank and res['slurm_env_rank'] == str(

@@ -16,10 +16,10 @@ if sys.path[0] != REPO_ROOT:
     sys.path.insert(0, REPO_ROOT)
 
 import mmeffvit  # noqa: E402,F401  registers modules and checkpoint globals
-from mmeffvit.utils.launch import (ConfigError, add_common_args,  # noqa: E402
-                                   apply_train_args, build_runner,
-                                   finish_args, load_config,
-                                   finish_distributed, setup_cpu_distributed)
+from mmeffvit.engine.launch import (  # noqa: E402
+    ConfigError, add_common_args, apply_train_args, build_runner, finish_args, load_config,
+    finish_distributed, setup_cpu_distributed, check_inputs, train_splits)
+from mmeffvit.engine.errors import run_cli  # noqa: E402
 from mmeffvit.utils.checkpoint import (add_trust_argument,  # noqa: E402
                                        apply_trust_argument)
 
@@ -59,10 +59,11 @@ def main(argv=None) -> None:
         cfg = apply_train_args(load_config(args), args)
     except ConfigError as err:
         parser.error(str(err))
+    check_inputs(cfg, train_splits(cfg))
     setup_cpu_distributed(cfg, args.launcher)
     build_runner(cfg).train()
     finish_distributed()
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

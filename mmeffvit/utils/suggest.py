@@ -18,10 +18,21 @@ def closest_first(name, candidates):
     return sorted(candidates, key=lambda c: (-score(c), c))
 
 
+class MessageKeyError(KeyError):
+    """A ``KeyError`` that prints its message as written.
+
+    ``str(KeyError(msg))`` is ``repr(msg)``: quoted, with line breaks shown as a literal ``\\n``.
+    mmengine re-raises build errors as ``type(err)(...)``, so the class carries through.
+    """
+
+    def __str__(self):
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
 def unknown_choice_error(kind, value, choices):
     """A ``KeyError`` naming the valid ``choices`` for ``kind``, closest to ``value`` first."""
     ordered = closest_first(str(value), list(choices))
-    return KeyError(f'Unknown {kind} {value!r}; choose one of: {", ".join(ordered)}')
+    return MessageKeyError(f'Unknown {kind} {value!r}; choose one of: {", ".join(ordered)}')
 
 
 def _augment(err):
@@ -36,8 +47,7 @@ def _augment(err):
     names = closest_first(match.group('type'), mmeffvit_model_names())
     hint = (f'\n{_MARKER} (closest first): {", ".join(names)}. Use the plain name or '
             "'mmeffvit.<Name>', and keep custom_imports=dict(imports=['mmeffvit']) in the config.")
-    new = KeyError(msg + hint)
-    return new
+    return MessageKeyError(msg + hint)
 
 
 def install_registry_hints():

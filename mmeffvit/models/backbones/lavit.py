@@ -1,5 +1,7 @@
 """LaViT: Less-Attention Vision Transformer (Zhang et al., CVPR 2024, "You Only Need Less
 Attention at Each Stage in Vision Transformers")."""
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -399,6 +401,14 @@ class LaViT(EffBackbone):
 
     def forward(self, x):
         b = x.shape[0]
+        # A stage's k=s=sr reduction conv needs >= sr tokens a side, i.e. inputs of at least
+        # stride*sr pixels (32 for t/s/b): smaller ones are zero-padded at the bottom/right, as
+        # mmdet/mmseg pad batches, and each output is cropped back to ceil(size / stride).
+        in_hw = x.shape[-2:]
+        strides = [math.prod(self.patch_sizes[:i + 1]) for i in range(self.num_stages)]
+        min_side = max(s * sr for s, sr in zip(strides, self.sr_ratios))
+        if min(in_hw) < min_side:
+            x = F.pad(x, (0, max(min_side - in_hw[1], 0), 0, max(min_side - in_hw[0], 0)))
         outs, carry = [], None
         collect = self.diag_loss is not None and self.training and torch.is_grad_enabled()
         la_maps = [] if collect else None
@@ -410,7 +420,7 @@ class LaViT(EffBackbone):
             x, carry = self._stage(i, x, hw, carry, la_maps)
             x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(x[..., :-(-in_hw[0] // strides[i]), :-(-in_hw[1] // strides[i])])
         self._aux = {}
         if collect and la_maps:
             self._aux[getattr(self.diag_loss, 'loss_name', 'loss_diag')] = self.diag_loss(

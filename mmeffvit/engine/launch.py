@@ -7,6 +7,7 @@ runner for mmdet, mmseg and mmpretrain alike; the toolbox is read from
 import argparse
 import copy
 import datetime
+import logging
 import os
 import os.path as osp
 import subprocess
@@ -16,6 +17,12 @@ from typing import Optional
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.logging import print_log
+
+from .cpu_sync_bn import cpu_wrapper_type
+from .data_checks import check_data_roots, install_dataset_checks
+from .hooks import add_default_hooks
+from .resume import checkpoint_problem, find_resume_checkpoint
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -36,6 +43,9 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         '--launcher', choices=LAUNCHERS, default='none',
         help='how the processes were started')
+    parser.add_argument(
+        '--debug', action='store_true',
+        help='show the full traceback of config and data errors (also: MMEFFVIT_DEBUG=1)')
     # torch.distributed.launch passes --local-rank; older versions used _.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
                         help='set by the launcher; do not pass by hand')
@@ -45,6 +55,21 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Export the launcher's local rank unless the environment has one."""
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
+
+
+def train_splits(cfg: Config) -> tuple:
+    """The dataloaders a training run builds: train, and val when it validates."""
+    return ('train', 'val') if cfg.get('val_cfg', None) else ('train', )
+
+
+def check_inputs(cfg: Config, splits) -> None:
+    """Check the data roots of ``splits`` and make dataset errors name their files.
+
+    Raises:
+        DataError: if a dataset's data_root does not exist.
+    """
+    install_dataset_checks()
+    check_data_roots(cfg, splits)
 
 
 def get_scope(cfg: Config) -> str:
@@ -80,7 +105,7 @@ def amp_device_available() -> bool:
 
 
 def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
-    """Apply --amp, --auto-scale-lr and --resume to ``cfg``.
+    """Apply --amp, --auto-scale-lr and --resume to ``cfg`` and add mmeffvit's training hooks.
 
     Raises:
         ConfigError: if an option does not fit the config or the machine.
@@ -100,12 +125,28 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
                 '--auto-scale-lr needs "auto_scale_lr = dict('
                 'base_batch_size=...)" in the config, which is missing')
         scale_cfg.enable = True
+    add_default_hooks(cfg)
     if args.resume == 'auto':
-        # load_from=None makes the runner look for the latest checkpoint.
-        cfg.resume, cfg.load_from = True, None
+        # The checkpoint is chosen here rather than by the runner, which neither passes over
+        # a truncated one nor says plainly that there is none (see engine/resume.py).
+        path, notes = find_resume_checkpoint(cfg.work_dir)
+        for note in notes:
+            _warn_on_rank0(note)
+        if path is None:
+            cfg.resume = False  # a fresh run; the config's load_from (if any) still applies
+        else:
+            cfg.resume, cfg.load_from = True, path
     elif args.resume is not None:
+        problem = None if '://' in args.resume else checkpoint_problem(args.resume)
+        if problem is not None:
+            raise ConfigError(f'cannot resume from {args.resume}: {problem}')
         cfg.resume, cfg.load_from = True, args.resume
     return cfg
+
+
+def _warn_on_rank0(message: str) -> None:
+    if int(os.environ.get('RANK', '0')) == 0:  # every rank decides alike; one says so
+        print_log(message, logger='current', level=logging.WARNING)
 
 
 def _innermost_dataset(dataset_cfg: ConfigDict) -> ConfigDict:
@@ -258,7 +299,8 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
 
     Joins a gloo process group before the runner exists (the runner skips
     its own initialisation when one is already up) and makes the DDP wrapper
-    CPU-friendly. With CUDA, or without a launcher, nothing changes.
+    CPU-friendly (no device ids; SyncBN becomes CPUSyncBatchNorm). With CUDA,
+    or without a launcher, nothing changes.
 
     Returns:
         bool: whether the CPU setup was applied.
@@ -276,13 +318,13 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
         wrapper = cfg.model_wrapper_cfg
     from mmengine.registry import MODEL_WRAPPERS
     from torch.nn.parallel import DistributedDataParallel
-    wrapper_cls = MODEL_WRAPPERS.get(wrapper.get('type',
-                                                 'MMDistributedDataParallel'))
-    if isinstance(wrapper_cls, type) and issubclass(wrapper_cls,
-                                                    DistributedDataParallel):
+    wrapper_cls = MODEL_WRAPPERS.get(wrapper.get('type', 'MMDistributedDataParallel'))
+    if isinstance(wrapper_cls, type) and issubclass(wrapper_cls, DistributedDataParallel):
         # The runner fills device_ids=[LOCAL_RANK] for DDP wrappers unless
         # the key is present; DDP rejects device_ids for CPU modules.
         wrapper.setdefault('device_ids', None)
+        # ...and refuses CUDA SyncBN in a CPU module: the wrapper's CPU variant converts it
+        wrapper.type = cpu_wrapper_type(wrapper_cls)
     if not torch_dist.is_initialized():
         init_cpu_process_group(launcher, timeout=dist_cfg.get('timeout'))
     return True
