@@ -6,15 +6,20 @@ N×n matrix token by token, its DWC term from convolutions of one-hot values; an
 the module's own output is rebuilt as ``proj(map @ V)`` (+ the local terms) with V placed on the
 map's key grid by code of this file, so a map at a wrong position or with a wrong weight fails.
 """
+import csv
 import importlib.util
 import math
+import os
 import os.path as osp
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from mmengine.logging import MMLogger
+from PIL import Image
 
 from mmeffvit.models import (FLattenCSWin, FLattenPVT, FLattenSwin, FocalTransformer, L2ViT,
                              LaViT)
@@ -429,3 +434,129 @@ def test_focal_pooled_cells_drawn_where_they_pool():
     # level 2 (3x3-token cells) does not tile the 7-token windows: its grid is centre-cropped
     assert any(maps.kind('pooled2').key_origin != (0.0, 0.0) for maps in recorder.maps())
     assert checked > 50
+
+
+# -- the tool -------------------------------------------------------------------------------------
+def read_rank_csv(path):
+    with open(path, newline='') as f:
+        return {(r['kind'], r['head']): r for r in csv.DictReader(f)}
+
+
+def red_banner(png):
+    """Whether the bottom of the picture carries the red random-weights banner."""
+    pixels = np.asarray(Image.open(png).convert('RGB')).astype(int)
+    bottom = pixels[-pixels.shape[0] // 20:]
+    red = (bottom[..., 0] > 200) & (bottom[..., 1] < 60) & (bottom[..., 2] < 60)
+    return red.mean() > 0.05
+
+
+@pytest.mark.e2e
+def test_cli_on_a_photo(tmp_path):
+    """The command line as a user runs it: FLatten-PVT-T on scikit-image's cat, two points."""
+    out = tmp_path / 'attn'
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, TOOL, '--backbone', 'FLattenPVT', '--arch', 'tiny', '--img',
+         'sample:chelsea', '--size', '64', '--points', '120,80', '300,200', '--out-dir',
+         str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'RANDOM WEIGHTS' in proc.stdout
+    png = out / 'FLattenPVT-tiny_stage2_block1.png'
+    picture = np.asarray(Image.open(png).convert('RGB'))
+    assert picture.shape[0] > 300 and picture.shape[1] > 600 and picture.std() > 20
+    assert red_banner(png)
+    # 451x300 photo -> 96x64 input -> stage 2: 8x12 = 96 tokens, 2 heads of d = 64
+    ranks = read_rank_csv(out / 'FLattenPVT-tiny_stage2_block1_rank.csv')
+    for head in ('1', '2'):
+        assert ranks[('linear', head)]['N'] == '96'
+        assert int(ranks[('linear', head)]['rank']) <= 64
+        assert int(ranks[('linear+local', head)]['rank']) == 96
+    assert (out / 'FLattenPVT-tiny_stage2_block1_rank.png').is_file()
+    table = (out / 'FLattenPVT-tiny_stage2_block1_rank.md').read_text()
+    assert '| linear (' in table and 'σ₁·max(N, n)·ε' in table
+    assert '| linear (' in proc.stdout  # the table is printed too
+
+
+def run_tool(argv, capsys):
+    code = vis_attention.main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_checkpoint_weights_are_the_ones_drawn(tmp_path, capsys):
+    """A detector-style checkpoint of a seeded LaViT-T gives the maps of that model (equal to
+    the tool's own random weights with that seed), without the random-weights label."""
+    torch.manual_seed(5)
+    model = LaViT('tiny')
+    model.init_weights()
+    ckpt = tmp_path / 'det.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in model.state_dict().items()}},
+               ckpt)
+    common = ['--backbone', 'LaViT', '--img', 'sample:astronaut', '--size', '64', '--stage',
+              '3', '--block', '1', '2', '--points', '100,100', '400,300']
+    code, text = run_tool(common + ['--checkpoint', str(ckpt), '--out-dir',
+                                    str(tmp_path / 'a')], capsys)
+    assert code == 0 and 'RANDOM' not in text and 'tensors loaded' in text
+    assert not red_banner(tmp_path / 'a' / 'LaViT-tiny_stage3_block1.png')
+    run_tool(common + ['--seed', '5', '--out-dir', str(tmp_path / 'b')], capsys)
+    for block in (1, 2):
+        name = f'LaViT-tiny_stage3_block{block}_rank.csv'
+        loaded, seeded = (read_rank_csv(tmp_path / d / name) for d in 'ab')
+        assert loaded == seeded
+    run_tool(common + ['--seed', '6', '--out-dir', str(tmp_path / 'c')], capsys)
+    assert read_rank_csv(tmp_path / 'c' / name) != read_rank_csv(tmp_path / 'a' / name)
+
+
+def test_config_backbone_and_one_head(tmp_path, capsys):
+    config = osp.join(REPO_ROOT, 'configs', 'mask_rcnn_flatten_pvt_t_1x.py')
+    code, text = run_tool([config, '--img', 'sample:coffee', '--size', '64', '--stage', '1',
+                           '--head', '1', '--out-dir', str(tmp_path)], capsys)
+    assert code == 0
+    assert (tmp_path / 'mask_rcnn_flatten_pvt_t_1x_stage1_block1.png').is_file()
+    assert 'RANDOM WEIGHTS' in text  # the config's ImageNet init_cfg is not used
+
+
+@pytest.mark.parametrize('argv, message', [
+    ([], 'give a CONFIG or --backbone'),
+    (['--backbone', 'FLattenPVTT'], 'choose one of: FLattenPVT'),
+    (['--backbone', 'CARE'], 'choose one of'),
+    (['--backbone', 'FLattenPVT', '--stage', '7'], 'stage 7 does not exist'),
+    (['--backbone', 'FLattenPVT', '--stage', '2', '--block', '3'], 'stage 2 has blocks 1..2'),
+    (['--backbone', 'FLattenPVT', '--block', '1'], '--block needs --stage'),
+    (['--backbone', 'FLattenPVT', '--points', '9999,3'], 'outside the 512x512 picture'),
+    (['--backbone', 'FLattenPVT', '--points', '3;4'], 'expected x,y'),
+    (['--backbone', 'FLattenPVT', '--img', 'nowhere.png'], 'picture nowhere.png not found'),
+    (['--backbone', 'FLattenPVT', '--img', 'sample:kitten'], 'choose one of: '),
+    (['--backbone', 'FLattenPVT', '--size', '8'], '--size'),
+    (['--backbone', 'FLattenPVT', '--checkpoint', 'missing.pth'], 'missing.pth not found'),
+    (['--backbone', 'FLattenPVT', '--stage', '1', '--head', '2'], 'stage 1 has 1 heads'),
+    (['--backbone', 'FLattenPVT', '--backbone-options', 'arch=huge'], "Unknown arch 'huge'"),
+])
+def test_clear_errors(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        vis_attention.main(argv + ['--size', '64', '--out-dir', str(tmp_path)]
+                           if '--size' not in argv else argv + ['--out-dir', str(tmp_path)])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_wrong_and_corrupt_checkpoints(tmp_path, capsys):
+    torch.manual_seed(0)
+    other = FLattenPVT('tiny')
+    torch.save(other.state_dict(), tmp_path / 'pvt.pth')
+    (tmp_path / 'broken.pth').write_bytes(b'not a checkpoint')
+    for name, message in (('pvt.pth', 'does not fit'), ('broken.pth', 'broken.pth')):
+        with pytest.raises(SystemExit):
+            vis_attention.main(['--backbone', 'LaViT', '--size', '64', '--checkpoint',
+                                str(tmp_path / name), '--out-dir', str(tmp_path)])
+        assert message in capsys.readouterr().err
+
+
+def test_salient_points_inside_and_apart():
+    picture = vis_attention.read_picture('sample:astronaut')
+    points = vis_attention.salient_points(picture)
+    assert len(points) == 3
+    for x, y in points:
+        assert 0.08 * 512 <= x < 0.92 * 512 and 0.08 * 512 <= y < 0.92 * 512
+    for i, (x0, y0) in enumerate(points):
+        for x1, y1 in points[i + 1:]:
+            assert math.hypot(x1 - x0, y1 - y0) >= 512 / 5
