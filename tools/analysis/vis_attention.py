@@ -373,7 +373,7 @@ def write_rank_files(block, rows, stem, label):
     ranked = [r for r in rows if isinstance(r['rank'], int)]
     kinds = list(dict.fromkeys(r['kind'] for r in ranked))
     if kinds:
-        fig, ax = plt.subplots(figsize=(1.2 + 0.9 * block.num_heads * max(1, len(kinds) / 2), 3.6))
+        fig, ax = plt.subplots(figsize=(3.2 + 0.5 * block.num_heads * len(kinds), 3.6))
         width = 0.8 / len(kinds)
         for i, name in enumerate(kinds):
             values = [r['rank'] for r in ranked if r['kind'] == name]
@@ -387,7 +387,7 @@ def write_rank_files(block, rows, stem, label):
         ax.set_ylabel('numerical rank')
         ax.set_title(f'{label} stage {block.stage} block {block.block}: rank per head\n'
                      '(σ > σ₁·max(N, n)·ε₆₄)', fontsize=9)
-        ax.legend(fontsize=7, loc='lower right')
+        ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
         fig.tight_layout()
         fig.savefig(stem + '.png', dpi=90)
         plt.close(fig)
