@@ -385,7 +385,7 @@ def test_maps_rebuild_the_module_output(family):
                 heads = maps.kind('stripes').matrix
                 start = 0
                 for name, attn in found:
-                    args = recorder._records[key][name][1]
+                    args = recorder.inputs[key][name][1]
                     part = heads[start:start + attn.num_heads]
                     start += attn.num_heads
                     rebuilt = mix(part, args['v'][0], attn.num_heads) + stripe_lepe(
@@ -393,7 +393,7 @@ def test_maps_rebuild_the_module_output(family):
                     torch.testing.assert_close(rebuilt, recorder.outputs[(key, name)][0])
                 continue
             name, attn = found[0]
-            args = recorder._records[key][name][1]
+            args = recorder.inputs[key][name][1]
             output = recorder.outputs[(key, name)]
             output = output[0] if isinstance(output, tuple) else output
             rebuilt, expected = REBUILD[type(attn).__name__](attn, args, maps, output, module)
@@ -416,7 +416,7 @@ def test_focal_pooled_cells_drawn_where_they_pool():
         model(torch.randn(1, 3, 88, 120, dtype=torch.float64))
     checked = 0
     for (key, _, found), maps in zip(recorder.targets, recorder.maps()):
-        args = recorder._records[key][found[0][0]][1]
+        args = recorder.inputs[key][found[0][0]][1]
         x = args['x'][0]  # (Hp, Wp, C)
         for level, pooled in enumerate(args['pooled'], 1):
             kind = maps.kind(f'pooled{level}')
@@ -518,7 +518,8 @@ def test_config_backbone_and_one_head(tmp_path, capsys):
 @pytest.mark.parametrize('argv, message', [
     ([], 'give a CONFIG or --backbone'),
     (['--backbone', 'FLattenPVTT'], 'choose one of: FLattenPVT'),
-    (['--backbone', 'CARE'], 'choose one of'),
+    (['--backbone', 'CARE'], 'CARE has no attention maps here yet; supported: FLattenPVT'),
+    (['--backbone', 'FLattenDeiT'], 'FLattenDeiT has no attention maps here yet'),
     (['--backbone', 'FLattenPVT', '--stage', '7'], 'stage 7 does not exist'),
     (['--backbone', 'FLattenPVT', '--stage', '2', '--block', '3'], 'stage 2 has blocks 1..2'),
     (['--backbone', 'FLattenPVT', '--block', '1'], '--block needs --stage'),
@@ -530,6 +531,8 @@ def test_config_backbone_and_one_head(tmp_path, capsys):
     (['--backbone', 'FLattenPVT', '--checkpoint', 'missing.pth'], 'missing.pth not found'),
     (['--backbone', 'FLattenPVT', '--stage', '1', '--head', '2'], 'stage 1 has 1 heads'),
     (['--backbone', 'FLattenPVT', '--backbone-options', 'arch=huge'], "Unknown arch 'huge'"),
+    (['--backbone', 'LaViT', '--backbone-options', 'la_mode=dense'],
+     'refused the 64x64 input: less attention holds'),
 ])
 def test_clear_errors(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -549,6 +552,19 @@ def test_wrong_and_corrupt_checkpoints(tmp_path, capsys):
             vis_attention.main(['--backbone', 'LaViT', '--size', '64', '--checkpoint',
                                 str(tmp_path / name), '--out-dir', str(tmp_path)])
         assert message in capsys.readouterr().err
+
+
+def test_non_finite_weights_are_an_error(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = FLattenPVT('tiny')
+    state = model.state_dict()
+    state['block2.0.attn.kv.weight'][0, 0] = float('nan')
+    torch.save(state, tmp_path / 'nan.pth')
+    with pytest.raises(SystemExit):
+        vis_attention.main(['--backbone', 'FLattenPVT', '--size', '64', '--checkpoint',
+                            str(tmp_path / 'nan.pth'), '--out-dir', str(tmp_path)])
+    assert 'map of stage 2 block 1 holds NaN' in capsys.readouterr().err
+    assert not list(tmp_path.glob('*.png'))
 
 
 def test_salient_points_inside_and_apart():

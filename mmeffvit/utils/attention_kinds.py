@@ -7,12 +7,60 @@ are the papers'; where a detail of mmeffvit's implementation matters (padding, m
 normaliser's epsilon) it is named next to the code.
 """
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .attention_maps import BlockMaps, MapKind
 from .tensor import resize_token_grid
+
+
+@dataclass
+class MapKind:
+    """One kind of attention map of a block.
+
+    Attributes:
+        name (str): Short identifier (``'linear'``, ``'softmax'``, ``'va'`` ...).
+        title (str): What the map is, for picture titles and tables.
+        matrix (Tensor): ``(heads, N, n)`` float64; row ``i`` is query ``i``'s weights over the
+            ``n`` cells of :attr:`key_grid` (row-major).
+        key_grid (tuple[int, int]): Rows and columns of key cells.
+        key_cell (tuple[float, float]): Size of one key cell in stage tokens.
+        key_origin (tuple[float, float]): Position of cell (0, 0)'s top-left corner in stage
+            tokens (negative when a pooled grid starts outside the map).
+        signed (bool): Entries may be negative (convolution terms).
+        stochastic (bool): Rows are probability distributions (sum to one).
+        draw (bool): Drawn as a panel (else only in the rank table).
+    """
+    name: str
+    title: str
+    matrix: torch.Tensor
+    key_grid: tuple
+    key_cell: tuple = (1.0, 1.0)
+    key_origin: tuple = (0.0, 0.0)
+    signed: bool = False
+    stochastic: bool = True
+    draw: bool = True
+
+
+@dataclass
+class BlockMaps:
+    """The maps of one block: ``query_grid`` is the stage's ``(H, W)`` token grid."""
+    stage: int
+    block: int
+    attention: str
+    query_grid: tuple
+    num_heads: int
+    head_dims: int
+    kinds: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def kind(self, name):
+        for kind in self.kinds:
+            if kind.name == name:
+                return kind
+        raise KeyError(f'no map {name!r}; this block has {[k.name for k in self.kinds]}')
+
 
 #: FLatten's ``relu(x) + 1e-6`` in the kernel and ``+ 1e-6`` in the normaliser (official code)
 FLATTEN_EPS = 1e-6
@@ -20,7 +68,7 @@ FLATTEN_EPS = 1e-6
 
 # -- float64 replays of the modules' own layers (weights detached: maps carry no graph) ----------
 def _param(t):
-    return None if t is None else t.detach().double()
+    return None if t is None else t.detach().cpu().double()
 
 
 def _linear(layer, x):
@@ -158,7 +206,7 @@ def flatten_maps(attn, args, grid, block=None):
         hw = _grid_value(args)
         kv_hw, cell = hw, (1, 1)
     if attn.positional_encoding is not None:
-        pe = attn.positional_encoding.detach().double()
+        pe = _param(attn.positional_encoding)
         k = k + resize_token_grid(pe, attn.pe_size, kv_hw, attn.pe_interpolation)[0]
     n = kv_hw[0] * kv_hw[1]
     power = attn.focusing_factor
@@ -170,7 +218,7 @@ def flatten_maps(attn, args, grid, block=None):
     dwc = attn.dwc
     if dwc.padding[0] != dwc.kernel_size[0] // 2 or dwc.stride != (1, 1):
         raise RuntimeError(f'the DWC {dwc} does not keep the grid size')
-    local = local_kernel_matrix(dwc.weight.detach().double()[:, 0].mean(0), kv_hw)
+    local = local_kernel_matrix(_param(dwc.weight)[:, 0].mean(0), kv_hw)
     if kv_hw != tuple(hw):
         cols = local.t().reshape(n, 1, *kv_hw)
         cols = F.interpolate(cols, size=tuple(hw), mode='bilinear', align_corners=False)
@@ -179,7 +227,7 @@ def flatten_maps(attn, args, grid, block=None):
     k_size = dwc.kernel_size[0]
     local_title = f'DWC {k_size}x{k_size} on V (channel-mean kernel)'
     if hasattr(attn, 'get_v'):  # CSWin: LePE on v, per channel of every head
-        lepe = attn.get_v.weight.detach().double()[:, 0].reshape(h, -1, *attn.get_v.kernel_size)
+        lepe = _param(attn.get_v.weight)[:, 0].reshape(h, -1, *attn.get_v.kernel_size)
         local = local + local_kernel_matrix(lepe.mean(1), hw)
         local_title = (f'DWC {k_size}x{k_size} + LePE {attn.get_v.kernel_size[0]}x'
                        f'{attn.get_v.kernel_size[0]} on V (channel-mean kernels)')
@@ -300,10 +348,10 @@ def window_relative_index(window, table_window):
 def _focal_bias(attn):
     """``(h, w², N)`` relative bias of every key slot: window, surroundings, pooled levels."""
     w, h = attn.window_size, attn.num_heads
-    table = attn.relative_position_bias_table.detach().double()
+    table = _param(attn.relative_position_bias_table)
     parts = [table[window_relative_index(w, w)].permute(2, 0, 1)]
     if attn.expand_size > 0:
-        parts.append(attn.relative_position_bias_table_to_neighbors.detach().double()[0])
+        parts.append(_param(attn.relative_position_bias_table_to_neighbors)[0])
     for level, tab in enumerate(attn.relative_position_bias_table_to_windows):
         region = attn.focal_window + 2 ** level - 1
         qy, qx = (t.flatten() for t in torch.meshgrid(torch.arange(w), torch.arange(w),
@@ -312,7 +360,7 @@ def _focal_bias(attn):
                                                       torch.arange(region), indexing='ij'))
         index = ((qy[:, None] - ky[None] + region - 1) * (w + region - 1)
                  + qx[:, None] - kx[None] + region - 1)
-        parts.append(tab.detach().double()[:, index.reshape(-1)].reshape(h, w * w, -1))
+        parts.append(_param(tab)[:, index.reshape(-1)].reshape(h, w * w, -1))
     return torch.cat(parts, -1)
 
 
@@ -417,7 +465,7 @@ def l2vit_global_maps(attn, args, grid, block=None):
     q, k, _ = (_heads(t, h) for t in _linear(attn.qkv, x).chunk(3, -1))
     qr, kr = F.relu(q), F.relu(k)
     mass = qr @ kr.sum(1)[..., None]
-    tau = attn.temperature.detach().double().reshape(h, 1, 1)
+    tau = _param(attn.temperature).reshape(h, 1, 1)
     linear = tau * (qr @ kr.transpose(1, 2)) / mass.clamp(min=float(attn.min_denominator))
     d = q.shape[-1]
     softmax = _softmax((q * d ** -0.5) @ k.transpose(1, 2))
@@ -448,7 +496,7 @@ def swin_window_maps(attn, args, grid, block=None):
     h = attn.num_heads
     q, k, _ = (_heads(t, h) for t in _linear(attn.qkv, x).chunk(3, -1))
     d = q.shape[-1]
-    table = attn.relative_position_bias_table.detach().double()
+    table = _param(attn.relative_position_bias_table)
     bias = table[window_relative_index(window, attn.window_size)].permute(2, 0, 1)
     scores = (q * d ** -0.5) @ k.transpose(-2, -1) + bias
     if mask is not None:

@@ -14,58 +14,13 @@ the stage's query tokens, n the cells of that kind's key grid, zeros outside a w
 geometry of the key grid in stage-token units, so that a row can be drawn over the image.
 """
 import inspect
-from dataclasses import dataclass, field
 
 import torch
 
+from .attention_kinds import BlockMaps, MapKind, attention_type, block_maps
 from .suggest import unknown_choice_error
 
-
-@dataclass
-class MapKind:
-    """One kind of attention map of a block.
-
-    Attributes:
-        name (str): Short identifier (``'linear'``, ``'softmax'``, ``'va'`` ...).
-        title (str): What the map is, for picture titles and tables.
-        matrix (Tensor): ``(heads, N, n)`` float64; row ``i`` is query ``i``'s weights over the
-            ``n`` cells of :attr:`key_grid` (row-major).
-        key_grid (tuple[int, int]): Rows and columns of key cells.
-        key_cell (tuple[float, float]): Size of one key cell in stage tokens.
-        key_origin (tuple[float, float]): Position of cell (0, 0)'s top-left corner in stage
-            tokens (negative when a pooled grid starts outside the map).
-        signed (bool): Entries may be negative (convolution terms).
-        stochastic (bool): Rows are probability distributions (sum to one).
-        draw (bool): Drawn as a panel (else only in the rank table).
-    """
-    name: str
-    title: str
-    matrix: torch.Tensor
-    key_grid: tuple
-    key_cell: tuple = (1.0, 1.0)
-    key_origin: tuple = (0.0, 0.0)
-    signed: bool = False
-    stochastic: bool = True
-    draw: bool = True
-
-
-@dataclass
-class BlockMaps:
-    """The maps of one block: ``query_grid`` is the stage's ``(H, W)`` token grid."""
-    stage: int
-    block: int
-    attention: str
-    query_grid: tuple
-    num_heads: int
-    head_dims: int
-    kinds: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-
-    def kind(self, name):
-        for kind in self.kinds:
-            if kind.name == name:
-                return kind
-        raise KeyError(f'no map {name!r}; this block has {[k.name for k in self.kinds]}')
+__all__ = ['AttentionRecorder', 'BlockMaps', 'MapKind', 'record_maps', 'stage_blocks']
 
 
 # -- where the blocks are -------------------------------------------------------------------------
@@ -112,8 +67,9 @@ def stage_blocks(model, stage):
 
 # -- capture --------------------------------------------------------------------------------------
 def _detached(value):
+    """A CPU copy: the maps are computed on the CPU, in float64, whatever the model's device."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach().cpu().clone()
     if isinstance(value, (list, tuple)):
         return type(value)(_detached(v) for v in value)
     return value
@@ -133,16 +89,18 @@ class AttentionRecorder:
         targets (Iterable[tuple[int, int]]): 1-based ``(stage, block)`` pairs.
 
     Use as a context manager around ``model(images)`` (batch of one), then :meth:`maps`.
+    :attr:`inputs` holds ``{(stage, block): {module name: (module, forward arguments)}}`` and
+    :attr:`outputs` ``{((stage, block), module name): output}`` (CPU copies), e.g. to check a
+    map against what the module computed.
     """
 
     def __init__(self, model, targets):
-        from .attention_kinds import attention_type  # the kinds import this module
         self.model = model
         self.targets = []
         self._handles = []
         self._grids = {}
         self._block_inputs = {}
-        self._records = {}
+        self.inputs = {}
         self.outputs = {}
         grid_source = backbone_layout(model)[1]
         for stage, block in targets:
@@ -162,7 +120,7 @@ class AttentionRecorder:
                                  'attention module whose maps can be recomputed')
             key = (stage, block)
             self.targets.append((key, module, found))
-            self._records[key] = {}
+            self.inputs[key] = {}
             self._handles.append(module.register_forward_pre_hook(
                 self._keep_block_input(key), with_kwargs=True))
             for name, sub in found:
@@ -181,7 +139,7 @@ class AttentionRecorder:
 
     def _keep_input(self, key, name):
         def hook(module, args, kwargs):
-            self._records[key][name] = (module, _bound_arguments(module, args, kwargs))
+            self.inputs[key][name] = (module, _bound_arguments(module, args, kwargs))
         return hook
 
     def _keep_output(self, key, name):
@@ -208,10 +166,9 @@ class AttentionRecorder:
     @torch.no_grad()
     def maps(self):
         """One :class:`BlockMaps` per target, in the order given."""
-        from .attention_kinds import block_maps
         results = []
         for (stage, block), module, found in self.targets:
-            records = self._records[(stage, block)]
+            records = self.inputs[(stage, block)]
             if len(records) != len(found) or (stage, block) not in self._block_inputs:
                 raise RuntimeError(f'stage {stage} block {block} did not run in the forward '
                                    '(out_indices may stop the backbone before it)')

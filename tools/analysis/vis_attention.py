@@ -105,6 +105,11 @@ def backbone_config(args):
         names = {n.lower(): n for n in BACKBONE_LAYOUTS}
         name = names.get(args.backbone.split('.')[-1].lower())
         if name is None:
+            from mmeffvit.registry import mmeffvit_model_names
+            known = {n.lower() for n in mmeffvit_model_names()}
+            if args.backbone.split('.')[-1].lower() in known:
+                raise VisAttentionError(f'{args.backbone} has no attention maps here yet; '
+                                        f'supported: {", ".join(BACKBONE_LAYOUTS)}')
             raise VisAttentionError(unknown_choice_error('backbone', args.backbone,
                                                          BACKBONE_LAYOUTS).args[0])
         cfg = dict(type=name, arch=args.arch)
@@ -436,6 +441,8 @@ def run(args):
         targets = targets_of(args, model)
     except ValueError as err:
         raise VisAttentionError(str(err)) from err
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        raise VisAttentionError(f'--device {args.device}, but torch sees no GPU (use cpu)')
     model = model.to(args.device).eval()
     if args.head is not None and args.head < 1:
         raise VisAttentionError('--head is 1-based')
@@ -444,6 +451,12 @@ def run(args):
     except ValueError as err:  # e.g. LaViT la_mode='dense' at another size
         raise VisAttentionError(f'the backbone refused the {width}x{height} input: {err}') from err
 
+    for block in blocks:
+        for kind in block.kinds:
+            if not torch.isfinite(kind.matrix).all():
+                raise VisAttentionError(
+                    f'the {kind.name} map of stage {block.stage} block {block.block} holds NaN '
+                    'or inf: the weights (or the picture) produce non-finite attention')
     os.makedirs(args.out_dir, exist_ok=True)
     for block in blocks:
         head = None
