@@ -504,6 +504,12 @@ def test_checkpoint_weights_are_the_ones_drawn(tmp_path, capsys):
         assert loaded == seeded
     run_tool(common + ['--seed', '6', '--out-dir', str(tmp_path / 'c')], capsys)
     assert read_rank_csv(tmp_path / 'c' / name) != read_rank_csv(tmp_path / 'a' / name)
+    # a file without the drawn block's attention says that part stays random
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith('block3.1.attn.v')}
+    torch.save(state, tmp_path / 'partial.pth')
+    code, text = run_tool(common + ['--checkpoint', str(tmp_path / 'partial.pth'), '--out-dir',
+                                    str(tmp_path / 'd')], capsys)
+    assert "!! the checkpoint lacks ['block3.1.attn.v.weight', 'block3.1.attn.v.bias']" in text
 
 
 def test_config_backbone_and_one_head(tmp_path, capsys):

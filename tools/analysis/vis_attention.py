@@ -98,7 +98,8 @@ def build_parser():
 
 # ---- model --------------------------------------------------------------------------------------
 def backbone_config(args):
-    """The backbone's config dict and a short name for files and titles."""
+    """The backbone's config dict, a short name for files and titles, and the input
+    normalisation (the config's ``data_preprocessor`` mean/std, else ImageNet's)."""
     if (args.config is None) == (args.backbone is None):
         raise VisAttentionError('give a CONFIG or --backbone TYPE (one of them)')
     if args.backbone is not None:
@@ -114,6 +115,7 @@ def backbone_config(args):
                                                          BACKBONE_LAYOUTS).args[0])
         cfg = dict(type=name, arch=args.arch)
         label = f'{name}-{args.arch}'
+        norm = (IMAGENET_MEAN, IMAGENET_STD)
     else:
         if not osp.isfile(args.config):
             raise VisAttentionError(f'config {args.config} not found')
@@ -123,10 +125,12 @@ def backbone_config(args):
             raise VisAttentionError(f'{args.config} has no model.backbone')
         cfg = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
         label = osp.splitext(osp.basename(args.config))[0]
+        pre = model.get('data_preprocessor') or {}
+        norm = (tuple(pre.get('mean', IMAGENET_MEAN)), tuple(pre.get('std', IMAGENET_STD)))
     cfg.update(args.backbone_options)
     # weights come from --checkpoint only: a config's ImageNet init would be silent otherwise
     cfg['init_cfg'] = None
-    return cfg, label
+    return cfg, label, norm
 
 
 def build_backbone(cfg, seed):
@@ -418,7 +422,7 @@ def targets_of(args, model):
 
 def run(args):
     """Draw and measure; returns the lines to print."""
-    cfg, label = backbone_config(args)
+    cfg, label, norm = backbone_config(args)
     picture = read_picture(args.img)
     points = (parse_points(args.points, picture.shape) if args.points
               else salient_points(picture))
@@ -441,13 +445,20 @@ def run(args):
         targets = targets_of(args, model)
     except ValueError as err:
         raise VisAttentionError(str(err)) from err
+    if not random_weights:
+        names = {id(m): n for n, m in model.named_modules()}
+        drawn = [names[id(stage_blocks(model, s)[b - 1])] + '.' for s, b in targets]
+        unset = [k for k in missing if k.startswith(tuple(drawn))]
+        if unset:
+            weights += f'; {len(unset)} tensors of the drawn blocks RANDOM'
+            lines.append(f'!! the checkpoint lacks {unset}: these stay random')
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         raise VisAttentionError(f'--device {args.device}, but torch sees no GPU (use cpu)')
     model = model.to(args.device).eval()
     if args.head is not None and args.head < 1:
         raise VisAttentionError('--head is 1-based')
     try:
-        blocks, _ = record_maps(model, to_tensor(image).to(args.device), targets)
+        blocks, _ = record_maps(model, to_tensor(image, *norm).to(args.device), targets)
     except ValueError as err:  # e.g. LaViT la_mode='dense' at another size
         raise VisAttentionError(f'the backbone refused the {width}x{height} input: {err}') from err
 
