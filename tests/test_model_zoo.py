@@ -73,8 +73,8 @@ def test_official_reference_figures_appear_in_the_table(doc_rows):
     assert doc_rows['FLatten-Swin-B@384']['cls_params'] == '91.43'
 
 
-@pytest.mark.parametrize('name', ['mask_rcnn_flatten_pvtv2_b1_1x',
-                                  'upernet_flatten_cswin_s_160k_ade20k'])
+@pytest.mark.parametrize('name', ['flatten/mask_rcnn_flatten_pvtv2_b1_1x_coco',
+                                  'flatten/upernet_flatten_cswin_s_160k_ade20k'])
 def test_config_reader_agrees_with_mmengine(name):
     """The literal reading of a config (with local ``_base_`` inheritance) vs mmengine's Config."""
     path = osp.join(REPO_ROOT, 'configs', name + '.py')

@@ -9,7 +9,8 @@ arguments) the table lists:
   out-norms of all four stages; DeiT with its ViTDet pyramid);
 * GMACs of the classifier at its ImageNet resolution and of the dense backbone at the detection
   input 800×1333, both counted by :mod:`mmeffvit.utils.complexity` (mmengine's FlopAnalyzer);
-* the configs in ``configs/`` whose backbone is that variant and the checkpoint they load
+* the configs in the family folders of ``configs/`` whose backbone is that variant and the
+  checkpoint they load
   (``pretrained = ...``), with whether the official release has it.
 
 Configs are read without building them (a Python-literal reading of their ``model.backbone`` and
@@ -159,14 +160,19 @@ def read_config(path):
 
 
 def config_index(config_dir=CONFIG_DIR):
-    """``[(config name, backbone dict, checkpoint)]`` of every config directly in ``configs/``."""
+    """``[(config name, backbone dict, checkpoint)]`` of every config in a family folder of
+    ``configs/``, named ``<family>/<file stem>`` (not ``_base_/``, ``demo/`` or the top-level entry
+    points, which inherit a family config unchanged)."""
     out = []
-    for path in sorted(glob.glob(osp.join(config_dir, '*.py'))):
+    for path in sorted(glob.glob(osp.join(config_dir, '*', '*.py'))):
+        folder = osp.basename(osp.dirname(path))
+        if folder in ('_base_', 'demo'):
+            continue
         cfg = read_config(path)
         backbone = (cfg.get('model') or {}).get('backbone') or {}
         init = backbone.get('init_cfg') if isinstance(backbone.get('init_cfg'), dict) else {}
         ckpt = cfg.get('pretrained') or init.get('checkpoint')
-        out.append((osp.splitext(osp.basename(path))[0], backbone, ckpt))
+        out.append((f'{folder}/{osp.splitext(osp.basename(path))[0]}', backbone, ckpt))
     return out
 
 
@@ -249,8 +255,8 @@ function, softmax, norms, activations, pooling, resizing of position tensors) is
   `Linear(C, 1000)`) as the official code counts it, at its ImageNet resolution (IN res).
 * **backbone**: the dense-prediction backbone as the configs build it (per-stage out-norms;
   DeiT with its ViTDet simple pyramid), without neck or heads, on a 1×3×800×1333 input.
-* **configs**: files in `configs/` whose backbone is that variant; **ImageNet weights**: the file
-  their `pretrained` names and whether the official FLatten-Transformer release has it.
+* **configs**: files in `configs/<family>/` whose backbone is that variant; **ImageNet weights**:
+  the file their `pretrained` names and whether the official FLatten-Transformer release has it.
 
 Convert an official release with
 `python tools/model_converters/flatten2mmeffvit.py SRC DST` and count any model with
