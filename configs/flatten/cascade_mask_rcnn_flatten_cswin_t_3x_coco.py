@@ -6,22 +6,10 @@
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
     '../_base_/swin_coco_instance_ms_crop_3x.py',
+    '../_base_/backbones/flatten_cswin_t.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-# official FLatten-CSWin-T ImageNet-1k weights (FLatten-Transformer release); fill in your path.
-# They hold no per-stage out-norms norm0..norm3: those are reported as missing keys (expected).
-pretrained = 'checkpoints/flatten_cswin_t.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenCSWin',
-        arch='tiny',
-        attn_types='LLSS',    # FLA + LePE over the whole map in stages 1-2, CSWin stripes in 3-4
-        drop_path_rate=0.2,   # CSWin-T's ImageNet value (FLatten cfg); S 0.4
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 256, 512]))
+model = dict(backbone=_base_.pop('backbone'), neck=dict(in_channels=[64, 128, 256, 512]))
 
 # the stem LayerNorm keeps its official name stage1_conv_embed.2, which 'norm' does not match
 optim_wrapper = dict(

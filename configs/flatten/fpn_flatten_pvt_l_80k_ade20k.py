@@ -4,8 +4,5 @@ _base_ = ['./fpn_flatten_pvt_t_80k_ade20k.py']
 
 # FLatten-PVT-L ImageNet-1k weights (not released by FLatten; train or convert your own)
 pretrained = 'checkpoints/flatten_pvt_l.pth'
-model = dict(
-    backbone=dict(
-        arch='large',
-        drop_path_rate=0.3,  # the classification recipe's stochastic depth for PVT-L
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+# drop_path_rate: the classification recipe's stochastic depth for PVT-L
+model = dict(backbone=dict(arch='large', drop_path_rate=0.3, init_cfg=dict(checkpoint=pretrained)))

@@ -4,8 +4,5 @@ _base_ = ['./fpn_flatten_pvt_t_80k_ade20k.py']
 
 # FLatten-PVT-S ImageNet-1k weights (not released by FLatten; train or convert your own)
 pretrained = 'checkpoints/flatten_pvt_s.pth'
-model = dict(
-    backbone=dict(
-        arch='small',
-        drop_path_rate=0.1,  # the classification recipe's stochastic depth for PVT-S
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+# drop_path_rate: the classification recipe's stochastic depth for PVT-S
+model = dict(backbone=dict(arch='small', drop_path_rate=0.1, init_cfg=dict(checkpoint=pretrained)))

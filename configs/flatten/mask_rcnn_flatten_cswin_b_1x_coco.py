@@ -6,8 +6,5 @@ _base_ = ['./mask_rcnn_flatten_cswin_t_1x_coco.py']
 # official FLatten-CSWin-B ImageNet-1k weights (not released so far); fill in your path
 pretrained = 'checkpoints/flatten_cswin_b.pth'
 model = dict(
-    backbone=dict(
-        arch='base',
-        drop_path_rate=0.5,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(arch='base', drop_path_rate=0.5, init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 384, 768]))

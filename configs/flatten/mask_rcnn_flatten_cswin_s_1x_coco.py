@@ -5,8 +5,4 @@ _base_ = ['./mask_rcnn_flatten_cswin_t_1x_coco.py']
 
 # official FLatten-CSWin-S ImageNet-1k weights (not released so far); fill in your path
 pretrained = 'checkpoints/flatten_cswin_s.pth'
-model = dict(
-    backbone=dict(
-        arch='small',
-        drop_path_rate=0.4,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+model = dict(backbone=dict(arch='small', drop_path_rate=0.4, init_cfg=dict(checkpoint=pretrained)))

@@ -7,20 +7,10 @@
 _base_ = [
     'mmdet::common/ms-poly_3x_coco-instance.py',
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    '../_base_/backbones/flatten_pvt_t.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-# official FLatten-PVT-T ImageNet-1k weights (FLatten-Transformer release); fill in your path
-pretrained = 'checkpoints/flatten_pvt_t.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenPVT',
-        arch='tiny',
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone=_base_.pop('backbone'), neck=dict(in_channels=[64, 128, 320, 512]))
 
 optim_wrapper = dict(
     optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))

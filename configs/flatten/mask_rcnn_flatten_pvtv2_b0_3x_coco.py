@@ -1,26 +1,10 @@
-# Mask R-CNN + FPN with a FLatten-PVTv2-B0 backbone, COCO instance segmentation, 3x schedule with
-# multi-scale training: the PVT / PVT v2 protocol (shorter side drawn from [640, 800], longer side
-# at most 1333; 36 epochs). Data, multi-scale pipeline and schedule come from mmdet's
-# common/ms-poly_3x_coco-instance.py (Detectron2's 3x recipe: the training set repeated 3 times
-# over 12 runner epochs = 36 epochs, lr steps after epochs 27 and 33, 500 warm-up iterations);
-# the optimiser is PVT's AdamW lr 1e-4, weight decay 1e-4, 8 GPUs x 2 images.
-_base_ = [
-    'mmdet::common/ms-poly_3x_coco-instance.py',
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+# Mask R-CNN + FPN with a FLatten-PVTv2-B0 backbone, COCO instance segmentation, 3x multi-scale
+# schedule: the FLatten-PVT-T 3x recipe (mask_rcnn_flatten_pvt_t_3x_coco.py, the PVT / PVT v2
+# protocol) with the PVTv2-B0 backbone; FLattenPVTv2 takes the same drop_path_rate and out_indices.
+_base_ = ['./mask_rcnn_flatten_pvt_t_3x_coco.py']
 
 # official FLatten-PVTv2-B0 ImageNet-1k weights (FLatten-Transformer release); fill in your path
 pretrained = 'checkpoints/flatten_pvt_v2_b0.pth'
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenPVTv2',
-        arch='b0',
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(type='FLattenPVTv2', arch='b0', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[32, 64, 160, 256]))
-
-optim_wrapper = dict(
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))

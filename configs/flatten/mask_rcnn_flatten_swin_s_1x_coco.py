@@ -5,8 +5,4 @@ _base_ = ['./mask_rcnn_flatten_swin_t_1x_coco.py']
 
 # official FLatten-Swin-S ImageNet-1k weights (FLatten-Transformer release); fill in your path
 pretrained = 'checkpoints/flatten_swin_s.pth'
-model = dict(
-    backbone=dict(
-        arch='small',
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+model = dict(backbone=dict(arch='small', drop_path_rate=0.2, init_cfg=dict(checkpoint=pretrained)))

@@ -1,20 +1,10 @@
-# RetinaNet + FPN with a FLatten-PVTv2-B0 backbone, COCO detection, 1x schedule.
-# mmdet's PVTv2 RetinaNet recipe (pvt/retinanet_pvtv2-b0_fpn_1x_coco.py): AdamW lr 1e-4, weight
-# decay 1e-4, 12 epochs with steps at 8 and 11, 8 GPUs x 2 images; only the backbone differs.
-_base_ = ['mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+# RetinaNet + FPN with a FLatten-PVTv2-B0 backbone, COCO detection, 1x schedule: the FLatten-PVT-T
+# recipe (retinanet_flatten_pvt_t_1x_coco.py; mmdet's PVTv2 RetinaNet differs from its PVT one only
+# in the backbone) with the PVTv2-B0 backbone, which takes the same drop_path_rate and out_indices.
+_base_ = ['./retinanet_flatten_pvt_t_1x_coco.py']
 
 # official FLatten-PVTv2-B0 ImageNet-1k weights (FLatten-Transformer release); fill in your path
 pretrained = 'checkpoints/flatten_pvt_v2_b0.pth'
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenPVTv2',
-        arch='b0',
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(type='FLattenPVTv2', arch='b0', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[32, 64, 160, 256]))
-
-optim_wrapper = dict(
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))

@@ -4,8 +4,4 @@ _base_ = ['./upernet_flatten_swin_t_160k_ade20k.py']
 
 # official FLatten-Swin-S ImageNet-1k weights (FLatten-Transformer release); fill in your path
 pretrained = 'checkpoints/flatten_swin_s.pth'
-model = dict(
-    backbone=dict(
-        arch='small',
-        drop_path_rate=0.3,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+model = dict(backbone=dict(arch='small', drop_path_rate=0.3, init_cfg=dict(checkpoint=pretrained)))

@@ -5,24 +5,13 @@
 # UperNet (PPM scales 1/2/3/6, 512 channels, SyncBN) + FCN auxiliary head on stage 3 (weight 0.4).
 # No weight decay for norms, relative position bias tables and FLA positional encodings (see
 # _base_/swin_coco_instance_1x.py for why the latter). Data in data/ade/ADEChallengeData2016/.
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/backbones/flatten_swin_t.py',
+]
 
-# official FLatten-Swin-T ImageNet-1k weights (FLatten-Transformer release); fill in your path.
-# They hold no per-stage out-norms norm0..norm3: those are reported as missing keys (expected).
-pretrained = 'checkpoints/flatten_swin_t.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenSwin',
-        arch='tiny',
-        attn_type='LLSS',     # FLA over the whole map in stages 1-2, 7x7 shifted windows in 3-4
-        window_size=7,
-        drop_path_rate=0.3,   # mmseg's Swin UperNet value (T, S and B)
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[96, 192, 384, 768], num_classes=150),
-    auxiliary_head=dict(in_channels=384, num_classes=150))
+# the heads of the base fit Swin-T's widths (96-768) and ADE20K's 150 classes
+model = dict(backbone=dict(_base_.pop('backbone'), drop_path_rate=0.3))
 
 optim_wrapper = dict(
     paramwise_cfg=dict(custom_keys=dict(

@@ -112,20 +112,32 @@ def variants():
 
 # --- reading configs without building them ----------------------------------------------------
 
-def _literal(node, names):
-    """Value of a config expression made of literals, ``dict(...)`` calls and known names."""
+def _literal(node, names, bases=None):
+    """Value of a config expression made of literals, ``dict(...)`` calls, known names and
+    ``_base_.pop('key')`` (in a config's code mmengine binds ``_base_`` to its merged bases)."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
         return names.get(node.id)
     if isinstance(node, ast.List):
-        return [_literal(e, names) for e in node.elts]
+        return [_literal(e, names, bases) for e in node.elts]
     if isinstance(node, ast.Tuple):
-        return tuple(_literal(e, names) for e in node.elts)
+        return tuple(_literal(e, names, bases) for e in node.elts)
     if isinstance(node, ast.Dict):
-        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
+        return {_literal(k, names, bases): _literal(v, names, bases)
+                for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict':
-        return {kw.arg: _literal(kw.value, names) for kw in node.keywords if kw.arg}
+        out = {}
+        for arg in node.args:  # dict(mapping, key=value): a copy with those keys replaced
+            value = _literal(arg, names, bases)
+            out.update(value if isinstance(value, dict) else {})
+        out.update({kw.arg: _literal(kw.value, names, bases) for kw in node.keywords if kw.arg})
+        return out
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == '_base_' \
+            and node.func.attr == 'pop' and bases is not None and node.args \
+            and isinstance(node.args[0], ast.Constant):
+        return bases.pop(node.args[0].value, None)
     return None
 
 
@@ -143,19 +155,20 @@ def read_config(path):
     """Top-level names of a config file merged over its local ``_base_`` files (not ``pkg::``)."""
     with open(path, encoding='utf-8') as f:
         tree = ast.parse(f.read(), path)
-    names = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
-                and isinstance(stmt.targets[0], ast.Name):
-            names[stmt.targets[0].id] = _literal(stmt.value, names)
-    bases = names.get('_base_') or []
+    assigns = [(stmt.targets[0].id, stmt.value) for stmt in tree.body
+               if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+               and isinstance(stmt.targets[0], ast.Name)]
+    bases = next((_literal(value, {}) for key, value in assigns if key == '_base_'), None) or []
     merged = {}
     for base in [bases] if isinstance(bases, str) else bases:
         if isinstance(base, str) and '::' not in base:
             merged = _merge(merged, read_config(osp.normpath(osp.join(osp.dirname(path), base))))
-    for key, value in names.items():
+    names = {}
+    for key, value in assigns:
         if key != '_base_':
-            merged[key] = _merge(merged.get(key), value) if key in merged else value
+            names[key] = _literal(value, names, merged)
+    for key, value in names.items():
+        merged[key] = _merge(merged.get(key), value) if key in merged else value
     return merged
 
 
