@@ -6,23 +6,15 @@
 # any input size, cost linear in the image area). The diagonality-preserving loss (sec. 3.4) on
 # the less-attention maps is logged as `loss_diag`; turn it off with
 # model.with_backbone_aux_loss=False (or model.backbone.diag_loss=None).
-_base_ = ['mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = [
+    'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
+    '../_base_/backbones/lavit_t.py',
+]
 
-# LaViT has no public weights: ImageNet-1k weights of your own LaViT-T (224x224); fill in the path
-pretrained = 'checkpoints/lavit_t.pth'
 model = dict(
     type='AuxLossSingleStageDetector',  # RetinaNet + the backbone's auxiliary losses
     with_backbone_aux_loss=True,
-    backbone=dict(
-        _delete_=True,
-        type='LaViT',
-        arch='tiny',
-        la_mode='window',
-        diag_loss=dict(type='DiagonalityLoss', loss_weight=0.01),
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=_base_.pop('backbone'),
     neck=dict(in_channels=[64, 128, 320, 448]))
 
 optim_wrapper = dict(

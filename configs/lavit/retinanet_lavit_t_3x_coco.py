@@ -6,22 +6,13 @@
 _base_ = [
     'mmdet::common/ms_3x_coco.py',
     'mmdet::_base_/models/retinanet_r50_fpn.py',
+    '../_base_/backbones/lavit_t.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-pretrained = 'checkpoints/lavit_t.pth'  # ImageNet-1k weights of your own LaViT-T
 model = dict(
     type='AuxLossSingleStageDetector',
     with_backbone_aux_loss=True,
-    backbone=dict(
-        _delete_=True,
-        type='LaViT',
-        arch='tiny',
-        la_mode='window',
-        diag_loss=dict(type='DiagonalityLoss', loss_weight=0.01),
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=_base_.pop('backbone'),
     neck=dict(in_channels=[64, 128, 320, 448]))
 
 optim_wrapper = dict(

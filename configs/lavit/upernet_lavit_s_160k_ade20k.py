@@ -6,24 +6,17 @@
 # head on stage 3 (weight 0.4). No weight decay for position embeddings and norms.
 # Less attention in windows of the 224x224 training grid (la_mode='window'); `loss_diag` is the
 # diagonality-preserving loss (model.with_backbone_aux_loss=False turns it off).
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/backbones/lavit_s.py',
+]
 
-pretrained = 'checkpoints/lavit_s.pth'  # LaViT has no public weights: your own ImageNet-1k LaViT-S
 model = dict(
     type='AuxLossEncoderDecoder',
     with_backbone_aux_loss=True,
-    backbone=dict(
-        _delete_=True,
-        type='LaViT',
-        arch='small',
-        la_mode='window',
-        diag_loss=dict(type='DiagonalityLoss', loss_weight=0.01),
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
-    auxiliary_head=dict(in_channels=320, num_classes=150))
+    backbone=dict(_base_.pop('backbone'), drop_path_rate=0.2),
+    decode_head=dict(in_channels=[64, 128, 320, 512]),
+    auxiliary_head=dict(in_channels=320))
 
 optim_wrapper = dict(
     paramwise_cfg=dict(custom_keys=dict(
