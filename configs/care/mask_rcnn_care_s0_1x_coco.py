@@ -8,28 +8,10 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/schedules/schedule_1x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/backbones/care_s0.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-# official CARE-S0 ImageNet-1k weights (CARETrans_S0.pth.tar, Google Drive folder of
-# zhouyuan888888/CARE-Transformer; a raw state dict, the two classifier heads are dropped); fill in
-# your path.
-pretrained = 'checkpoints/CARETrans_S0.pth.tar'
-# BatchNorm everywhere in CARE (stem, downsampling, both interaction modules): with few images per
-# GPU plain BN statistics are too noisy, so every BN becomes SyncBN in distributed runs.
-sync_bn = 'torch'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='CARE',
-        arch='s0',
-        # the released network: stage 4 ends with the non-residual 1024-channel expansion that
-        # fed the classifier (every checkpoint tensor used); its drop path is disabled
-        last_block='expanded',
-        drop_path_rate=0.1,   # CARE's ImageNet value (no official downstream value exists)
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[32, 64, 128, 1024]))
+model = dict(backbone=_base_.pop('backbone'), neck=dict(in_channels=[32, 64, 128, 1024]))
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=500),

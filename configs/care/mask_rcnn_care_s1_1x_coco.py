@@ -1,41 +1,7 @@
-# Mask R-CNN + FPN with a CARE-S1 backbone, COCO instance segmentation, 1x schedule.
-# CARE publishes no detection code or config; this follows the protocol of the mobile backbones
-# CARE compares with (EfficientFormerV2, MobileViGv2; care.md sec. 10): AdamW lr 2e-4, weight
-# decay 0.05, linear warm-up over 500 iterations from 1e-6x, 12 epochs with lr x0.1 after epochs
-# 8 and 11, single-scale 1333x800 training with flips, 8 GPUs x 2 images. Data in data/coco/.
-_base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
-]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+# Mask R-CNN + FPN with a CARE-S1 backbone, COCO instance segmentation, 1x schedule: the CARE-S0
+# recipe (mask_rcnn_care_s0_1x_coco.py) with the S1 backbone (same widths as S0, deeper).
+_base_ = ['./mask_rcnn_care_s0_1x_coco.py']
 
-# official CARE-S1 ImageNet-1k weights (CARETrans_S1.pth.tar, Google Drive folder of
-# zhouyuan888888/CARE-Transformer; a raw state dict, the two classifier heads are dropped); fill in
-# your path.
+# official CARE-S1 ImageNet-1k weights (CARETrans_S1.pth.tar); fill in your path
 pretrained = 'checkpoints/CARETrans_S1.pth.tar'
-# BatchNorm everywhere in CARE (stem, downsampling, both interaction modules): with few images per
-# GPU plain BN statistics are too noisy, so every BN becomes SyncBN in distributed runs.
-sync_bn = 'torch'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='CARE',
-        arch='s1',
-        # the released network: stage 4 ends with the non-residual 1024-channel expansion that
-        # fed the classifier (every checkpoint tensor used); its drop path is disabled
-        last_block='expanded',
-        drop_path_rate=0.1,   # CARE's ImageNet value (no official downstream value exists)
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[32, 64, 128, 1024]))
-
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=500),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
-]
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0002, betas=(0.9, 0.999),
-                   weight_decay=0.05))
+model = dict(backbone=dict(arch='s1', init_cfg=dict(checkpoint=pretrained)))
