@@ -1,28 +1,9 @@
-# RetinaNet + FPN with an L2ViT-B backbone, COCO detection, 1x schedule (12 epochs),
-# recipe of the official L2ViT detection configs: see _base_/l2vit_coco_1x.py. As the official
-# configs, stages 2-4 feed the FPN (start_level 0, extra convs on the input, 5 levels).
-_base_ = [
-    'mmdet::_base_/models/retinanet_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_detection.py',
-    '../_base_/l2vit_coco_1x.py',
-]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+# RetinaNet + FPN with an L2ViT-B backbone, COCO detection, 1x schedule: the L2ViT-T config
+# (retinanet_l2vit_t_1x_coco.py) with the base arch and the official drop path for B.
+_base_ = ['./retinanet_l2vit_t_1x_coco.py']
 
-# official L2ViT-Base ImageNet-1k weights (GitHub release v1.0 of ChuanyangZheng/L2ViT); fill in
-# your path. The file keeps the raw weights under 'model' (used, as the official det/seg loader)
-# and the EMA under 'model_ema'; the classifier norm/head are dropped and the per-stage output
-# norms norm0..norm3 start fresh (reported as missing keys). The official configs never set
-# `pretrained` (they would train from scratch): set here on purpose.
+# official L2ViT-Base ImageNet-1k weights (GitHub release v1.0 of ChuanyangZheng/L2ViT)
 pretrained = 'checkpoints/L2ViT-Base-checkpoint-best-ema.pth'
-# BatchNorm (stem, every LCM) trains as plain BN at 2 images/GPU, as the official configs do; add
-# sync_bn = 'torch' to convert it (and the heads' BN) to SyncBN in distributed runs.
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='L2ViT',
-        arch='base',
-        drop_path_rate=0.2,   # official 1x value for L2ViT-B
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[256, 512, 1024], start_level=0, add_extra_convs='on_input', num_outs=5))
-train_dataloader = dict(dataset=dict(pipeline={{_base_.l2vit_pipeline_box}}))
+    backbone=dict(arch='base', drop_path_rate=0.2, init_cfg=dict(checkpoint=pretrained)),
+    neck=dict(in_channels=[256, 512, 1024]))

@@ -1,28 +1,7 @@
-# RetinaNet + FPN with an L2ViT-S backbone, COCO detection, 3x schedule (36 epochs),
-# recipe of the official L2ViT detection configs: see _base_/l2vit_coco_3x.py. As the official
-# configs, stages 2-4 feed the FPN (start_level 0, extra convs on the input, 5 levels).
-_base_ = [
-    'mmdet::_base_/models/retinanet_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_detection.py',
-    '../_base_/l2vit_coco_3x.py',
-]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+# RetinaNet + FPN with an L2ViT-S backbone, COCO detection, 3x schedule: the L2ViT-T config
+# (retinanet_l2vit_t_3x_coco.py) with the small arch (same widths as T, deeper).
+_base_ = ['./retinanet_l2vit_t_3x_coco.py']
 
-# official L2ViT-Small ImageNet-1k weights (GitHub release v1.0 of ChuanyangZheng/L2ViT); fill in
-# your path. The file keeps the raw weights under 'model' (used, as the official det/seg loader)
-# and the EMA under 'model_ema'; the classifier norm/head are dropped and the per-stage output
-# norms norm0..norm3 start fresh (reported as missing keys). The official configs never set
-# `pretrained` (they would train from scratch): set here on purpose.
+# official L2ViT-Small ImageNet-1k weights (GitHub release v1.0 of ChuanyangZheng/L2ViT)
 pretrained = 'checkpoints/L2ViT-Small-checkpoint-best-ema.pth'
-# BatchNorm (stem, every LCM) trains as plain BN at 2 images/GPU, as the official configs do; add
-# sync_bn = 'torch' to convert it (and the heads' BN) to SyncBN in distributed runs.
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='L2ViT',
-        arch='small',
-        drop_path_rate=0.2,   # official 3x value for L2ViT-S
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[192, 384, 768], start_level=0, add_extra_convs='on_input', num_outs=5))
-train_dataloader = dict(dataset=dict(pipeline={{_base_.l2vit_pipeline_box}}))
+model = dict(backbone=dict(arch='small', init_cfg=dict(checkpoint=pretrained)))

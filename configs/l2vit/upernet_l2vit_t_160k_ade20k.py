@@ -5,26 +5,12 @@
 # official line is commented out), linear warm-up over 1500 iterations from 1e-6x, then poly decay
 # (power 1.0) to 0 at 160k; 8 GPUs x 2 images; UperNet (PPM 1/2/3/6, 512 channels) + FCN auxiliary
 # head on stage 3 (256 channels, weight 0.4); whole-image testing. Data in data/ade/.
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/backbones/l2vit_t.py',
+]
 
-# official L2ViT-Tiny ImageNet-1k weights (GitHub release v1.0 of ChuanyangZheng/L2ViT); fill in
-# your path. The file keeps the raw weights under 'model' (used, as the official det/seg loader)
-# and the EMA under 'model_ema'; the classifier norm/head are dropped and the per-stage output
-# norms norm0..norm3 start fresh (reported as missing keys). The official configs never set
-# `pretrained` (they would train from scratch): set here on purpose.
-pretrained = 'checkpoints/L2ViT-Tiny-checkpoint-best-ema.pth'
-# BatchNorm (stem, every LCM) trains as plain BN at 2 images/GPU, as the official configs do; add
-# sync_bn = 'torch' to convert it (and the heads' BN) to SyncBN in distributed runs.
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='L2ViT',
-        arch='tiny',
-        drop_path_rate=0.3,   # official value (T, S and B)
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[96, 192, 384, 768], num_classes=150),
-    auxiliary_head=dict(in_channels=384, num_classes=150))
+# the heads of the base fit L2ViT-T's widths (Swin-T's, 96-768) and ADE20K's 150 classes
+model = dict(backbone=dict(_base_.pop('backbone'), drop_path_rate=0.3))  # official value (T, S, B)
 
 optim_wrapper = dict(paramwise_cfg=dict(_delete_=True))
