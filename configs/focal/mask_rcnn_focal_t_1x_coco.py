@@ -8,22 +8,7 @@
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     '../_base_/swin_coco_instance_1x.py',
+    '../_base_/backbones/focal_t.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-# official Focal-T ImageNet-1k weights (microsoft/Focal-Transformer, focal-tiny-is224-ws7.pth; the
-# official links are dead, fill in your copy). Expected on loading: missing norm0..norm3 (fresh
-# output norms) and stage 4's relative_position_bias_table_to_neighbors (the 224² model has a
-# 7x7 stage-4 map and no surroundings there; at detection sizes it is used, freshly initialised).
-pretrained = 'checkpoints/focal-tiny-is224-ws7.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FocalTransformer',
-        arch='tiny',
-        use_conv_embed=False,  # the linear-embedding model (49M matches the README's count)
-        mask_borders=True,     # keys beyond the image / in padding excluded (not wrapped)
-        drop_path_rate=0.2,    # the authors' detection value is unpublished: ImageNet's for T
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+model = dict(backbone=_base_.pop('backbone'), neck=dict(in_channels=[96, 192, 384, 768]))

@@ -7,37 +7,10 @@
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/datasets/coco_detection.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
+    '../_base_/swin_det_schedule_1x.py',
+    '../_base_/backbones/focal_t.py',
 ]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
 
-# official Focal-T ImageNet-1k weights (see mask_rcnn_focal_t_1x.py for the expected missing keys)
-pretrained = 'checkpoints/focal-tiny-is224-ws7.pth'
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FocalTransformer',
-        arch='tiny',
-        use_conv_embed=False,
-        mask_borders=True,
-        drop_path_rate=0.2,
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(_base_.pop('backbone'), out_indices=(1, 2, 3)),
     neck=dict(in_channels=[192, 384, 768], start_level=0, add_extra_convs='on_input', num_outs=5))
-
-max_epochs = 12
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
-         gamma=0.1),
-]
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
-                   weight_decay=0.05),
-    paramwise_cfg=dict(custom_keys={
-        'relative_position_bias_table': dict(decay_mult=0.),
-        'norm': dict(decay_mult=0.),
-    }))

@@ -4,5 +4,4 @@ _base_ = ['./upernet_focal_t_160k_ade20k.py']
 
 # official Focal-S ImageNet-1k weights (focal-small-is224-ws7.pth); fill in your path
 pretrained = 'checkpoints/focal-small-is224-ws7.pth'
-model = dict(
-    backbone=dict(arch='small', init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+model = dict(backbone=dict(arch='small', init_cfg=dict(checkpoint=pretrained)))

@@ -6,23 +6,13 @@
 # UperNet (PPM scales 1/2/3/6, 512 channels, SyncBN) + FCN auxiliary head on stage 3 (weight 0.4).
 # No weight decay for norms and the three relative position bias tables (substring match).
 # Data in data/ade/ADEChallengeData2016/.
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/backbones/focal_t.py',
+]
 
-# official Focal-T ImageNet-1k weights (see mask_rcnn_focal_t_1x.py for the expected missing keys)
-pretrained = 'checkpoints/focal-tiny-is224-ws7.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FocalTransformer',
-        arch='tiny',
-        use_conv_embed=False,
-        mask_borders=True,
-        drop_path_rate=0.3,   # mmseg's Swin UperNet value
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[96, 192, 384, 768], num_classes=150),
-    auxiliary_head=dict(in_channels=384, num_classes=150))
+# the heads of the base fit Focal-T's widths (Swin-T's, 96-768) and ADE20K's 150 classes
+model = dict(backbone=dict(_base_.pop('backbone'), drop_path_rate=0.3))
 
 optim_wrapper = dict(
     paramwise_cfg=dict(custom_keys=dict(
