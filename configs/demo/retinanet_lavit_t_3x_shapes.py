@@ -1,17 +1,14 @@
-# configs/retinanet_lavit_t_3x.py on the embedded shapes data (CPU-sized): model, optimiser,
+# lavit/retinanet_lavit_t_3x_coco.py on the embedded shapes data (CPU-sized): model, optimiser,
 # `loss_diag` and the repeated, multi-scale training set kept, scaled down (shorter side 256-320
-# instead of 640-800); overrides as in lavit_retinanet_t_1x_shapes.py. No ImageNet weights.
-_base_ = ['../lavit/retinanet_lavit_t_3x_coco.py']
+# instead of 640-800); otherwise the overrides of every demo detector (_base_/shapes_coco_demo.py),
+# with a second lr step at 9/10 of the iterations as the 3x schedule has.
+_base_ = ['../lavit/retinanet_lavit_t_3x_coco.py', '../_base_/shapes_coco_demo.py']
+__shapes = _base_.pop('shapes_coco').detection
+# the base's training set is RepeatDataset(times=3) of the COCO set: the shapes set goes inside
+__shapes.train_dataloader.dataset = dict(dataset=__shapes.train_dataloader.dataset)
+_base_.merge(__shapes)
 
-data_root = 'data/shapes/coco/'
-classes = ('circle', 'square', 'triangle', 'star')
-metainfo = dict(
-    classes=classes, palette=[(220, 20, 60), (0, 130, 230), (60, 180, 75), (250, 170, 30)])
-img_scale = (320, 320)
-max_iters = 300
-
-model = dict(backbone=dict(init_cfg=None), bbox_head=dict(num_classes=len(classes)))
-
+model = dict(bbox_head=dict(num_classes=len(_base_.classes)))
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True),
@@ -19,48 +16,8 @@ train_pipeline = [
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackDetInputs'),
 ]
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=img_scale, keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
-]
-train_dataloader = dict(
-    batch_size=2,
-    num_workers=0,
-    persistent_workers=False,
-    sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(  # RepeatDataset(times=3) of the base
-        dataset=dict(
-            data_root=data_root,
-            metainfo=metainfo,
-            ann_file='annotations/instances_train2017.json',
-            data_prefix=dict(img='train2017/'),
-            pipeline=train_pipeline)))
-val_dataloader = dict(
-    batch_size=1,
-    num_workers=0,
-    persistent_workers=False,
-    dataset=dict(
-        data_root=data_root,
-        metainfo=metainfo,
-        ann_file='annotations/instances_val2017.json',
-        data_prefix=dict(img='val2017/'),
-        pipeline=test_pipeline))
-test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
-test_evaluator = val_evaluator
-
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=max_iters)
-optim_wrapper = dict(clip_grad=dict(max_norm=5.0))
+train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
-    dict(type='MultiStepLR', by_epoch=False, begin=0, end=max_iters,
-         milestones=[int(max_iters * 0.75), int(max_iters * 0.9)], gamma=0.1),
+    _base_.param_scheduler[0],
+    dict(_base_.param_scheduler[1], milestones=[int(_base_.max_iters * f) for f in (0.75, 0.9)]),
 ]
-default_hooks = dict(
-    logger=dict(interval=20),
-    checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=2))
-log_processor = dict(by_epoch=False)
