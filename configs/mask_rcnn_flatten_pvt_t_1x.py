@@ -1,25 +1,5 @@
-# Mask R-CNN + FPN with a FLatten-PVT-T backbone, COCO instance segmentation, 1x schedule.
-# Recipe of PVT's detection experiments (mmdet's pvt/ configs): AdamW lr 1e-4, weight decay 1e-4,
-# 12 epochs with steps at 8 and 11, 8 GPUs x 2 images. Data in the standard layout data/coco/.
-_base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
-]
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
-
-# official FLatten-PVT-T ImageNet-1k weights (FLatten-Transformer release); fill in your path
-pretrained = 'checkpoints/flatten_pvt_t.pth'
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FLattenPVT',
-        arch='tiny',
-        drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
-
-optim_wrapper = dict(
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))
+# The README's first command trains this file: a stable entry point kept at the top of configs/
+# under its original name. It is flatten/mask_rcnn_flatten_pvt_t_1x_coco.py unchanged (Mask R-CNN
+# + FPN, FLatten-PVT-T, COCO 1x); edit that file, not this one. The default work_dir follows this
+# file's name (work_dirs/mask_rcnn_flatten_pvt_t_1x/).
+_base_ = ['./flatten/mask_rcnn_flatten_pvt_t_1x_coco.py']

@@ -16,7 +16,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'fpn_flatten_pvt_t_shapes.py')
+SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'fpn_flatten_pvt_t_80k_shapes.py')
 
 
 class Call:

@@ -20,7 +20,7 @@ from mmeffvit.engine import data_checks
 from mmeffvit.engine.errors import DataError
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_shapes.py'
+SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
 PIPELINE = [dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True)]
 
 
@@ -184,7 +184,7 @@ def test_cli_bad_annotation_file_and_nan_loss(shapes, tmp_path):
     shutil.copytree(shapes / 'coco', coco)
     ann = coco / 'annotations' / 'instances_train2017.json'
     ann.write_text('{"images": [')  # cut short
-    opts = ['configs/demo/mask_rcnn_flatten_pvt_t_shapes.py', '--work-dir', str(tmp_path / 'w'),
+    opts = ['configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py', '--work-dir', str(tmp_path / 'w'),
             '--cfg-options', f'train_dataloader.dataset.data_root={coco}/',
             f'val_dataloader.dataset.data_root={coco}/',
             f'val_evaluator.ann_file={coco}/annotations/instances_val2017.json']

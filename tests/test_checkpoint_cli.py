@@ -21,7 +21,7 @@ from crafted_checkpoints import build_segmentor, payloads, runner_checkpoint, sa
 
 pytestmark = pytest.mark.e2e
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_shapes.py'
+SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
 
 
 def run(args, expect_ok):

@@ -191,7 +191,7 @@ def test_config_mode_counts_the_same_backbone():
     """A tensor-mode detector: its backbone share equals the bare backbone's count."""
     shape = (128, 160)
     report, summary = config_complexity(
-        osp.join(REPO_ROOT, 'configs', 'retinanet_flatten_pvtv2_b0_1x.py'), shape)
+        osp.join(REPO_ROOT, 'configs', 'flatten', 'retinanet_flatten_pvtv2_b0_1x_coco.py'), shape)
     bare = backbone_complexity('FLattenPVTv2', 'b0', shape)
     assert summary['scope'] == 'mmdet' and summary['input_shape'] == shape
     assert summary['parts']['backbone'] == bare.macs
@@ -204,7 +204,7 @@ def test_config_mode_counts_the_same_backbone():
 def test_get_flops_config_mode_on_a_segmentor(capsys):
     """mmseg through the tool: the auxiliary head is dropped (it does not run at inference)."""
     tool = _load_tool()
-    path = osp.join(REPO_ROOT, 'configs', 'upernet_flatten_swin_t_160k_ade20k.py')
+    path = osp.join(REPO_ROOT, 'configs', 'flatten', 'upernet_flatten_swin_t_160k_ade20k.py')
     assert 'auxiliary_head' in Config.fromfile(path).model
     lines = tool.main([path, '--shape', '64', '96'])
     bare = backbone_complexity('FLattenSwin', 'tiny', (64, 96))

@@ -1,6 +1,9 @@
-"""Every config builds in its toolbox, runs a forward pass and computes its losses."""
+"""Every config builds in its toolbox, runs a forward pass and computes its losses; the layout of
+``configs/`` (names, inheritance, entry points, the demo overrides) holds."""
+import ast
 import glob
 import json
+import os
 import os.path as osp
 import re
 
@@ -93,6 +96,7 @@ def seg_losses(cfg):
 @pytest.mark.parametrize('path', _params())
 def test_config_builds_and_computes_losses(path):
     cfg = load(path)
+    assert 'backbone' not in cfg, 'a backbone base taken without _base_.pop'
     scope = cfg.default_scope
     key = scope + json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
     if key in _CHECKED_MODELS:
@@ -114,6 +118,88 @@ def test_config_builds_and_computes_losses(path):
     assert all(g is not None for g in backbone_grads), 'a backbone parameter got no gradient'
 
 
-def test_both_main_configs_are_present():
-    names = {osp.basename(c) for c in CONFIGS}
-    assert {'mask_rcnn_flatten_pvt_t_1x.py', 'fpn_flatten_pvt_t_80k_ade20k.py'} <= names
+# --- layout ------------------------------------------------------------------------------------
+
+CONFIG_DIR = osp.join(ROOT, 'configs')
+FAMILIES = ('flatten', 'lavit', 'care', 'l2vit', 'focal')
+#: the README's commands name these: thin files at the top of configs/ over their family config
+ENTRY_POINTS = {'mask_rcnn_flatten_pvt_t_1x.py': 'flatten/mask_rcnn_flatten_pvt_t_1x_coco.py',
+                'fpn_flatten_pvt_t_80k_ade20k.py': 'flatten/fpn_flatten_pvt_t_80k_ade20k.py'}
+_BACKBONE = r'(flatten_(pvt|pvtv2|swin|cswin)|lavit|care|l2vit|focal)_(t|s|m|b|l|b\d|s\d)'
+#: <model>_<backbone>_<schedule>_<dataset>: epoch schedules on COCO, iteration counts on ADE20K;
+#: the demo configs keep the schedule of the config they shrink and name the shapes data
+_NAME = re.compile(rf'^(?:(?:cascade_mask_rcnn|mask_rcnn|retinanet)_{_BACKBONE}_(?:1x|3x)_coco'
+                   rf'|(?:fpn|upernet)_{_BACKBONE}_\d+k_ade20k'
+                   rf'|(?:cascade_mask_rcnn|mask_rcnn|retinanet|fpn|upernet)_{_BACKBONE}_'
+                   rf'(?:1x|3x|\d+k)_shapes)\.py$')
+
+
+def _bases(path):
+    """The ``_base_`` list of a config file, read without running it."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], 'id', None) == '_base_':
+            bases = ast.literal_eval(stmt.value)
+            return [bases] if isinstance(bases, str) else bases
+    return []
+
+
+def test_top_level_holds_only_entry_points_bases_demo_and_families():
+    entries = set(os.listdir(CONFIG_DIR))
+    assert entries == set(ENTRY_POINTS) | {'README.md', '_base_', 'demo'} | set(FAMILIES)
+    for family in FAMILIES:  # each family README lists its configs
+        with open(osp.join(CONFIG_DIR, family, 'README.md'), encoding='utf-8') as f:
+            readme = f.read()
+        for path in glob.glob(osp.join(CONFIG_DIR, family, '*.py')):
+            assert f'`{osp.basename(path)[:-3]}`' in readme, path
+
+
+@pytest.mark.parametrize('entry', sorted(ENTRY_POINTS))
+def test_entry_point_resolves_to_its_family_config(entry):
+    assert _bases(osp.join(CONFIG_DIR, entry)) == ['./' + ENTRY_POINTS[entry]]
+    mine = Config.fromfile(osp.join(CONFIG_DIR, entry))
+    family = Config.fromfile(osp.join(CONFIG_DIR, ENTRY_POINTS[entry]))
+    assert mine.to_dict() == family.to_dict()
+    assert mine.pretty_text == family.pretty_text
+
+
+def test_every_config_follows_the_naming_scheme():
+    names = [osp.relpath(c, CONFIG_DIR) for c in CONFIGS if osp.dirname(c) != CONFIG_DIR]
+    assert len(names) > 90
+    for name in names:
+        folder, base = name.split(os.sep)
+        assert _NAME.match(base), name
+        if folder != 'demo':  # the backbone names the family folder
+            assert folder in FAMILIES and f'_{folder}_' in base, name
+
+
+def test_variants_inherit_the_first_config_of_their_family():
+    """A larger variant names one base: a config of its own folder (not mmdet/mmseg bases)."""
+    for path in CONFIGS:
+        folder = osp.dirname(path)
+        if folder == CONFIG_DIR or osp.basename(folder) == 'demo':
+            continue
+        group, rank = _group_and_rank(path)
+        smallest = min(_group_and_rank(p)[1] for p in CONFIGS if _group_and_rank(p)[0] == group)
+        bases = _bases(path)
+        if rank > smallest:
+            assert len(bases) == 1 and bases[0].startswith('./'), (path, bases)
+            assert osp.isfile(osp.join(folder, bases[0])), (path, bases)
+        for base in bases:  # roots: toolbox bases or shared ones, never another family's config
+            assert '::' in base or base.startswith(('./', '../_base_/')), (path, base)
+
+
+@pytest.mark.parametrize('path', [c for c in CONFIGS if osp.basename(osp.dirname(c)) == 'demo'],
+                         ids=lambda p: osp.basename(p))
+def test_demo_configs_train_on_the_shapes_data(path):
+    """The shapes overrides (_base_/shapes_*_demo.py) are applied and leave no key behind."""
+    cfg = Config.fromfile(path)
+    assert not [k for k in cfg if k.startswith('shapes_')]
+    dataset = cfg.train_dataloader.dataset
+    while 'dataset' in dataset:  # RepeatDataset of the 3x recipes
+        dataset = dataset.dataset
+    for ds in (dataset, cfg.val_dataloader.dataset, cfg.test_dataloader.dataset):
+        assert ds.data_root.startswith('data/shapes/'), path
+    assert cfg.train_cfg.type == 'IterBasedTrainLoop' and cfg.train_cfg.max_iters == 300
+    assert cfg.model.backbone.init_cfg is None

@@ -60,13 +60,13 @@ def _trained(rc, out, work_dir):
 
 
 def test_semantic_fpn_syncbn(ade, tmp_path):
-    _trained(*dist_train('configs/demo/fpn_flatten_pvt_t_shapes.py', 2,
+    _trained(*dist_train('configs/demo/fpn_flatten_pvt_t_80k_shapes.py', 2,
                          *seg_options(ade, tmp_path)), tmp_path)
 
 
 @pytest.mark.slow
 def test_upernet_syncbn(ade, tmp_path):
-    _trained(*dist_train('configs/demo/lavit_upernet_s_shapes.py', 2,
+    _trained(*dist_train('configs/demo/upernet_lavit_s_160k_shapes.py', 2,
                          *seg_options(ade, tmp_path)), tmp_path)
 
 

@@ -18,8 +18,8 @@ from mmeffvit.datasets import generate_shapes
 
 pytestmark = pytest.mark.e2e
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = 'configs/demo/mask_rcnn_flatten_pvt_t_shapes.py'
-SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_shapes.py'
+DET_CFG = 'configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py'
+SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
 
 
 def free_port():

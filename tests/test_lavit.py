@@ -240,7 +240,7 @@ def test_loss_diag_reaches_detector_losses_and_switch_turns_it_off():
     from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
     init_default_scope('mmdet')
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'retinanet_lavit_t_1x.py'))
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'lavit', 'retinanet_lavit_t_1x_coco.py'))
     cfg.model.backbone.init_cfg = None
     model = MODELS.build(cfg.model)
     model.init_weights()

@@ -73,10 +73,13 @@ def test_official_reference_figures_appear_in_the_table(doc_rows):
     assert doc_rows['FLatten-Swin-B@384']['cls_params'] == '91.43'
 
 
-@pytest.mark.parametrize('name', ['mask_rcnn_flatten_pvtv2_b1_1x',
-                                  'upernet_flatten_cswin_s_160k_ade20k'])
+@pytest.mark.parametrize('name', ['flatten/mask_rcnn_flatten_pvtv2_b1_1x_coco',
+                                  'flatten/upernet_flatten_cswin_s_160k_ade20k',
+                                  'flatten/upernet_flatten_swin_t_160k_ade20k',
+                                  'flatten/mask_rcnn_flatten_pvt_t_3x_coco'])
 def test_config_reader_agrees_with_mmengine(name):
-    """The literal reading of a config (with local ``_base_`` inheritance) vs mmengine's Config."""
+    """The literal reading of a config (with local ``_base_`` inheritance and the backbone taken
+    with ``_base_.pop``) vs mmengine's Config."""
     path = osp.join(REPO_ROOT, 'configs', name + '.py')
     cfg = Config.fromfile(path)
     mine = zoo.read_config(path)
@@ -84,6 +87,7 @@ def test_config_reader_agrees_with_mmengine(name):
         assert mine['model']['backbone'].get(key) == cfg.model.backbone.get(key), key
     assert mine['pretrained'] == cfg.pretrained
     assert mine['model']['backbone']['init_cfg']['checkpoint'] == cfg.pretrained
+    assert 'backbone' not in mine and 'backbone' not in cfg  # popped from the bases
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ from mmeffvit.datasets import generate_shapes
 
 pytestmark = pytest.mark.e2e
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_shapes.py'
-DET_CFG = 'configs/demo/mask_rcnn_flatten_pvt_t_shapes.py'
+SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
+DET_CFG = 'configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py'
 SEEDED = ['randomness.seed=0', 'randomness.deterministic=True', 'train_cfg.val_interval=1000',
           'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1']
 

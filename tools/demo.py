@@ -21,10 +21,10 @@ import time
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TASKS = {
-    'det': dict(config='configs/demo/mask_rcnn_flatten_pvt_t_shapes.py',
+    'det': dict(config='configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py',
                 metrics=('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP',
                          'coco/segm_mAP_50')),
-    'seg': dict(config='configs/demo/fpn_flatten_pvt_t_shapes.py',
+    'seg': dict(config='configs/demo/fpn_flatten_pvt_t_80k_shapes.py',
                 metrics=('mIoU', 'mAcc', 'aAcc')),
 }
 

@@ -7,7 +7,7 @@ by their visualizers. Examples::
     python tools/image_demo.py demo.jpg CONFIG CHECKPOINT                 # -> outputs/vis/demo.jpg
     python tools/image_demo.py photos/ CONFIG CHECKPOINT --out-dir preds --score-thr 0.5
     python tools/image_demo.py sample:astronaut CONFIG CHECKPOINT   # a photo scikit-image ships
-    python tools/image_demo.py sample:all configs/demo/fpn_flatten_pvt_t_shapes.py \\
+    python tools/image_demo.py sample:all configs/demo/fpn_flatten_pvt_t_80k_shapes.py \\
         work_dirs/demo/seg/iter_300.pth --palette ade20k
 
 IMG is a picture, a folder of pictures (not recursive), or ``sample:NAME`` / ``sample:all`` for

@@ -3,39 +3,29 @@
 # (0.9, 0.999), weight decay 0.05 with no parameter-wise exceptions, no gradient clipping, fp32,
 # linear warm-up over 500 iterations from 0.001x, 12 epochs with lr x0.1 after epochs 8 and 11,
 # 2 images per GPU (8 GPUs assumed: batch 16). The official 1x AND 3x configs both train with the
-# DETR-style multi-scale augmentation: with probability 1/2 the shorter side is drawn from
-# 480..800 (step 32, longer side <= 1333); otherwise the image is resized to a shorter side of
-# 400/500/600, cropped to an absolute random size in [384, 600] and resized as in the first branch.
+# DETR-style multi-scale + random-crop augmentation of Swin's 3x recipe
+# (coco_ms_crop_augmentation.py).
 # Single-scale 1333x800 testing; evaluation only after the last epoch (as the official configs).
-# The two pipelines below (boxes + masks, boxes only) are picked by the model configs.
+# The two pipelines below (boxes + masks, boxes only) are picked by the model configs. The 3x
+# recipe (l2vit_coco_3x.py) inherits this file and changes only the schedule.
 _base_ = [
     'mmdet::_base_/schedules/schedule_1x.py',
     'mmdet::_base_/default_runtime.py',
+    './coco_ms_crop_augmentation.py',
 ]
 
-_multi_scale = [(480 + 32 * i, 1333) for i in range(11)]
-_ms_crop = dict(type='RandomChoice', transforms=[
-    [dict(type='RandomChoiceResize', scales=_multi_scale, keep_ratio=True)],
-    [
-        dict(type='RandomChoiceResize', scales=[(400, 1333), (500, 1333), (600, 1333)],
-             keep_ratio=True),
-        dict(type='RandomCrop', crop_type='absolute_range', crop_size=(384, 600),
-             allow_negative_crop=True),
-        dict(type='RandomChoiceResize', scales=_multi_scale, keep_ratio=True),
-    ],
-])
 l2vit_pipeline_instance = [
     dict(type='LoadImageFromFile', backend_args=None),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='RandomFlip', prob=0.5),
-    _ms_crop,
+    _base_._ms_crop,
     dict(type='PackDetInputs'),
 ]
 l2vit_pipeline_box = [
     dict(type='LoadImageFromFile', backend_args=None),
     dict(type='LoadAnnotations', with_bbox=True),
     dict(type='RandomFlip', prob=0.5),
-    _ms_crop,
+    _base_._ms_crop,
     dict(type='PackDetInputs'),
 ]
 

@@ -11,7 +11,8 @@ focusing function, softmax, norms, activations, pooling, resizing) is not, unles
     # a config's model: backbone + neck + heads in tensor mode (mmdet default 1280x800,
     # mmseg 2048x512, given as --shape H W)
     python tools/analysis/get_flops.py configs/mask_rcnn_flatten_pvt_t_1x.py
-    python tools/analysis/get_flops.py configs/upernet_flatten_swin_t_160k_ade20k.py --shape 512 512
+    python tools/analysis/get_flops.py configs/flatten/upernet_flatten_swin_t_160k_ade20k.py \
+        --shape 512 512
     # a bare backbone, or its official ImageNet classifier
     python tools/analysis/get_flops.py --backbone FLattenSwin --arch tiny --shape 224 224
     python tools/analysis/get_flops.py --backbone FLattenSwin --arch tiny --with-head --debug

@@ -9,7 +9,8 @@ arguments) the table lists:
   out-norms of all four stages; DeiT with its ViTDet pyramid);
 * GMACs of the classifier at its ImageNet resolution and of the dense backbone at the detection
   input 800×1333, both counted by :mod:`mmeffvit.utils.complexity` (mmengine's FlopAnalyzer);
-* the configs in ``configs/`` whose backbone is that variant and the checkpoint they load
+* the configs in the family folders of ``configs/`` whose backbone is that variant and the
+  checkpoint they load
   (``pretrained = ...``), with whether the official release has it.
 
 Configs are read without building them (a Python-literal reading of their ``model.backbone`` and
@@ -111,20 +112,32 @@ def variants():
 
 # --- reading configs without building them ----------------------------------------------------
 
-def _literal(node, names):
-    """Value of a config expression made of literals, ``dict(...)`` calls and known names."""
+def _literal(node, names, bases=None):
+    """Value of a config expression made of literals, ``dict(...)`` calls, known names and
+    ``_base_.pop('key')`` (in a config's code mmengine binds ``_base_`` to its merged bases)."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
         return names.get(node.id)
     if isinstance(node, ast.List):
-        return [_literal(e, names) for e in node.elts]
+        return [_literal(e, names, bases) for e in node.elts]
     if isinstance(node, ast.Tuple):
-        return tuple(_literal(e, names) for e in node.elts)
+        return tuple(_literal(e, names, bases) for e in node.elts)
     if isinstance(node, ast.Dict):
-        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
+        return {_literal(k, names, bases): _literal(v, names, bases)
+                for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict':
-        return {kw.arg: _literal(kw.value, names) for kw in node.keywords if kw.arg}
+        out = {}
+        for arg in node.args:  # dict(mapping, key=value): a copy with those keys replaced
+            value = _literal(arg, names, bases)
+            out.update(value if isinstance(value, dict) else {})
+        out.update({kw.arg: _literal(kw.value, names, bases) for kw in node.keywords if kw.arg})
+        return out
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == '_base_' \
+            and node.func.attr == 'pop' and bases is not None and node.args \
+            and isinstance(node.args[0], ast.Constant):
+        return bases.pop(node.args[0].value, None)
     return None
 
 
@@ -142,31 +155,37 @@ def read_config(path):
     """Top-level names of a config file merged over its local ``_base_`` files (not ``pkg::``)."""
     with open(path, encoding='utf-8') as f:
         tree = ast.parse(f.read(), path)
-    names = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
-                and isinstance(stmt.targets[0], ast.Name):
-            names[stmt.targets[0].id] = _literal(stmt.value, names)
-    bases = names.get('_base_') or []
+    assigns = [(stmt.targets[0].id, stmt.value) for stmt in tree.body
+               if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+               and isinstance(stmt.targets[0], ast.Name)]
+    bases = next((_literal(value, {}) for key, value in assigns if key == '_base_'), None) or []
     merged = {}
     for base in [bases] if isinstance(bases, str) else bases:
         if isinstance(base, str) and '::' not in base:
             merged = _merge(merged, read_config(osp.normpath(osp.join(osp.dirname(path), base))))
-    for key, value in names.items():
+    names = {}
+    for key, value in assigns:
         if key != '_base_':
-            merged[key] = _merge(merged.get(key), value) if key in merged else value
+            names[key] = _literal(value, names, merged)
+    for key, value in names.items():
+        merged[key] = _merge(merged.get(key), value) if key in merged else value
     return merged
 
 
 def config_index(config_dir=CONFIG_DIR):
-    """``[(config name, backbone dict, checkpoint)]`` of every config directly in ``configs/``."""
+    """``[(config name, backbone dict, checkpoint)]`` of every config in a family folder of
+    ``configs/``, named ``<family>/<file stem>`` (not ``_base_/``, ``demo/`` or the top-level entry
+    points, which inherit a family config unchanged)."""
     out = []
-    for path in sorted(glob.glob(osp.join(config_dir, '*.py'))):
+    for path in sorted(glob.glob(osp.join(config_dir, '*', '*.py'))):
+        folder = osp.basename(osp.dirname(path))
+        if folder in ('_base_', 'demo'):
+            continue
         cfg = read_config(path)
         backbone = (cfg.get('model') or {}).get('backbone') or {}
         init = backbone.get('init_cfg') if isinstance(backbone.get('init_cfg'), dict) else {}
         ckpt = cfg.get('pretrained') or init.get('checkpoint')
-        out.append((osp.splitext(osp.basename(path))[0], backbone, ckpt))
+        out.append((f'{folder}/{osp.splitext(osp.basename(path))[0]}', backbone, ckpt))
     return out
 
 
@@ -249,8 +268,8 @@ function, softmax, norms, activations, pooling, resizing of position tensors) is
   `Linear(C, 1000)`) as the official code counts it, at its ImageNet resolution (IN res).
 * **backbone**: the dense-prediction backbone as the configs build it (per-stage out-norms;
   DeiT with its ViTDet simple pyramid), without neck or heads, on a 1×3×800×1333 input.
-* **configs**: files in `configs/` whose backbone is that variant; **ImageNet weights**: the file
-  their `pretrained` names and whether the official FLatten-Transformer release has it.
+* **configs**: files in `configs/<family>/` whose backbone is that variant; **ImageNet weights**:
+  the file their `pretrained` names and whether the official FLatten-Transformer release has it.
 
 Convert an official release with
 `python tools/model_converters/flatten2mmeffvit.py SRC DST` and count any model with

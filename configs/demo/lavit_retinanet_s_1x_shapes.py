@@ -1,5 +1,0 @@
-# configs/retinanet_lavit_s_1x.py on the embedded shapes data: lavit_retinanet_t_1x_shapes.py
-# with the LaViT-S backbone, as retinanet_lavit_s_1x.py derives from retinanet_lavit_t_1x.py.
-_base_ = ['./lavit_retinanet_t_1x_shapes.py']
-
-model = dict(backbone=dict(arch='small'), neck=dict(in_channels=[64, 128, 320, 512]))

@@ -1,0 +1,16 @@
+# Cascade Mask R-CNN + FPN with a FLatten-CSWin-T backbone, COCO instance segmentation, 3x
+# schedule with Swin's multi-scale + random-crop training (FLatten paper sec. 5.3). Detector:
+# mmdet's standard cascade (3 stages, shared 2fc box heads); recipe in
+# _base_/swin_coco_instance_ms_crop_3x.py: AdamW lr 1e-4, weight decay 0.05 (none for norms and
+# FLA positional encodings), 1000-iteration warm-up, 36 epochs with steps at 27 and 33.
+_base_ = [
+    'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
+    '../_base_/swin_coco_instance_ms_crop_3x.py',
+    '../_base_/backbones/flatten_cswin_t.py',
+]
+
+model = dict(backbone=_base_.pop('backbone'), neck=dict(in_channels=[64, 128, 256, 512]))
+
+# the stem LayerNorm keeps its official name stage1_conv_embed.2, which 'norm' does not match
+optim_wrapper = dict(
+    paramwise_cfg=dict(custom_keys={'stage1_conv_embed.2': dict(decay_mult=0.)}))

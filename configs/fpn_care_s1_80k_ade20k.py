@@ -1,9 +1,0 @@
-# Semantic FPN with a CARE-S1 backbone, ADE20K 512x512, 80k iterations: the CARE-S0 recipe
-# (fpn_care_s0_80k_ade20k.py) with the S1 backbone and its channels.
-_base_ = ['./fpn_care_s0_80k_ade20k.py']
-
-# official CARE-S1 ImageNet-1k weights (CARETrans_S1.pth.tar); fill in your path.
-pretrained = 'checkpoints/CARETrans_S1.pth.tar'
-model = dict(
-    backbone=dict(arch='s1', init_cfg=dict(checkpoint=pretrained)),
-    neck=dict(in_channels=[32, 64, 128, 1024]))

@@ -1,8 +1,0 @@
-# Mask R-CNN + FPN with a FLatten-PVT-S backbone, COCO instance segmentation, 1x schedule
-# (recipe of mask_rcnn_flatten_pvt_t_1x.py: AdamW lr 1e-4, weight decay 1e-4, steps 8 and 11).
-_base_ = ['./mask_rcnn_flatten_pvt_t_1x.py']
-
-# FLatten-PVT-S ImageNet-1k weights (not released by FLatten; train or convert your own)
-pretrained = 'checkpoints/flatten_pvt_s.pth'
-model = dict(
-    backbone=dict(arch='small', init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

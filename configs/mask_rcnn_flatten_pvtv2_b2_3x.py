@@ -1,9 +1,0 @@
-# Mask R-CNN + FPN with a FLatten-PVTv2-B2 backbone, COCO instance segmentation, 3x schedule
-# (recipe of mask_rcnn_flatten_pvtv2_b0_3x.py).
-_base_ = ['./mask_rcnn_flatten_pvtv2_b0_3x.py']
-
-# FLatten-PVTv2-B2 ImageNet-1k weights (not released by FLatten; train or convert your own)
-pretrained = 'checkpoints/flatten_pvt_v2_b2.pth'
-model = dict(
-    backbone=dict(arch='b2', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))

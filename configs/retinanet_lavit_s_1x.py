@@ -1,8 +1,0 @@
-# RetinaNet + FPN with a LaViT-S backbone, COCO, 1x schedule (LaViT paper Table 3: 46.7 AP).
-# Same recipe as retinanet_lavit_t_1x.py; only the backbone width/depth differ.
-_base_ = ['./retinanet_lavit_t_1x.py']
-
-pretrained = 'checkpoints/lavit_s.pth'  # ImageNet-1k weights of your own LaViT-S
-model = dict(
-    backbone=dict(arch='small', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
