@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from mmeffvit.models import FLattenSwin
-from mmeffvit.models.backbones.flatten_swin import (FLattenSwinBlock, resize_bias_table,
-                                                    shifted_window_mask)
+from mmeffvit.models.backbones.flatten_swin import FLattenSwinBlock
+from mmeffvit.models.layers.relative_position import resize_bias_table, shifted_window_mask
 
 GOLDEN = osp.join(osp.dirname(osp.abspath(__file__)), 'data', 'golden', 'flatten',
                   'swin_small_384_window12.pt')

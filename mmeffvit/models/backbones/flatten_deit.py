@@ -7,7 +7,7 @@ from timm.layers import DropPath, LayerNorm2d, Mlp, PatchEmbed
 
 from ...registry import register_model
 from ... import ops
-from ...utils import resize_token_grid, square_side, unknown_choice_error
+from ...utils import resize_token_grid, square_side, tokens_to_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
 from .base import EffBackbone, resolve_arch
 
@@ -320,8 +320,7 @@ class FLattenDeiT(EffBackbone):
         patches = x[:, self.num_extra_tokens:]
         if self.out_type == 'avg_featmap':
             return patches.mean(dim=1)
-        b, _, c = patches.shape
-        return patches.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2).contiguous()
+        return tokens_to_map(patches, hw).contiguous()
 
     def forward(self, x):
         x = self.patch_embed(x)  # pads to patch multiples (bottom/right)

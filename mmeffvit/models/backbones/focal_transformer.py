@@ -14,11 +14,11 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import unknown_choice_error
-from ..layers.norm import LayerNormFP32
-from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
+from ...utils import tokens_to_map, unknown_choice_error
+from ..layers import LayerNormFP32, PatchEmbed
+from ..layers.relative_position import relative_position_index, resize_bias_table
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
-from .flatten_swin import relative_position_index, resize_bias_table
 
 #: additive logit of the official code for pooled keys read outside the pooled map
 OFFICIAL_MASK_VALUE = -100.0
@@ -327,28 +327,19 @@ class FocalTransformerBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class PatchEmbed(nn.Module):
-    """Stem / downsampling: ``Conv`` then LayerNorm (official ``PatchEmbed``).
+def focal_patch_embed(in_channels, embed_dims, stride, conv=False, stem=False):
+    """Stem / downsampling of the official ``PatchEmbed``: ``Conv`` (k = s, or the overlapping
+    k7/s4/p2 stem and k3/s2/p1 downsampling convs of the conv variants) then LayerNorm.
 
     The input is zero-padded at the bottom/right to a multiple of the stride, so a ``H×W`` map
-    becomes ``ceil(H/s)×ceil(W/s)`` for the linear (k = s) and the conv (k7/s4/p2, k3/s2/p1)
-    variants alike; at multiples of the stride this is exactly the official layer.
+    becomes ``ceil(H/s)×ceil(W/s)`` for both variants; at multiples of the stride this is
+    exactly the official layer.
     """
-
-    def __init__(self, in_channels, embed_dims, stride, conv=False, stem=False):
-        super().__init__()
-        self.stride = stride
-        if conv:
-            kernel, padding = (7, 2) if stem else (3, 1)
-        else:
-            kernel, padding = stride, 0
-        self.proj = nn.Conv2d(in_channels, embed_dims, kernel, stride=stride, padding=padding)
-        self.norm = LayerNormFP32(embed_dims)
-
-    def forward(self, x):
-        x = self.proj(pad_to_multiple(x, self.stride))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+    if conv:
+        kernel, padding = (7, 2) if stem else (3, 1)
+    else:
+        kernel, padding = stride, 0
+    return PatchEmbed(in_channels, embed_dims, kernel, stride, padding=padding)
 
 
 class FocalStage(nn.Module):
@@ -471,7 +462,8 @@ class FocalTransformer(EffBackbone):
         self._num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
-        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], 4, use_conv_embed, True)
+        self.patch_embed = focal_patch_embed(in_channels, self.embed_dims[0], 4, use_conv_embed,
+                                             stem=True)
         self.pos_drop = nn.Dropout(drop_rate)
         self.layers = nn.ModuleList()
         for i in range(num):
@@ -485,7 +477,7 @@ class FocalTransformer(EffBackbone):
                     attn_drop=attn_drop_rate, drop_path=dpr[start + j], mask_borders=mask_borders)
                 for j in range(depths[i])
             ]
-            down = (PatchEmbed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None)
+            down = focal_patch_embed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None
             self.layers.append(FocalStage(blocks, down))
         for i in out_indices:
             self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
@@ -558,11 +550,10 @@ class FocalTransformer(EffBackbone):
         if fresh:
             print_log(f'{type(self).__name__}: {len(fresh)} relative_position_bias_table_to_'
                       f'neighbors tables are not in the checkpoint (or do not fit) and keep '
-                      f'their random initialisation: {sorted(set(fresh))}', logger='current')
+                      f'their random initialisation: {sorted(fresh)}', logger='current')
         return out
 
     def forward(self, x):
-        b = x.shape[0]
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []
@@ -578,8 +569,10 @@ class FocalTransformer(EffBackbone):
                     x = blk(x, hw, cache[key])
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(out.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous())
+                outs.append(tokens_to_map(out, hw).contiguous())
             if layer.downsample is not None:
-                x = x.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2)
+                # the map as a channels-last view of the tokens: the conv's last-bit rounding
+                # depends on the input layout, so this is kept as it was
+                x = x.view(x.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2)
                 x, hw = layer.downsample(x)
         return tuple(outs)

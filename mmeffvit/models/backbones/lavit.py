@@ -7,13 +7,12 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import MODELS, register_model
-from ...utils import resize_token_grid, square_side, unknown_choice_error
-from ..layers import LayerNormFP32
+from ...utils import resize_token_grid, square_side, tokens_to_map, unknown_choice_error
+from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
 from ..layers.less_attention import LessAttention, VanillaAttention
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
-from .flatten_pvt import PatchEmbed
 
 _PVT = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
             sr_ratios=[8, 4, 2, 1])
@@ -398,7 +397,6 @@ class LaViT(EffBackbone):
         return x, dict(scores=prev, q_hw=tuple(grid), k_hw=k_hw)
 
     def forward(self, x):
-        b = x.shape[0]
         outs, carry = [], None
         collect = self.diag_loss is not None and self.training and torch.is_grad_enabled()
         la_maps = [] if collect else None
@@ -408,7 +406,7 @@ class LaViT(EffBackbone):
                                     mode='bilinear')
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             x, carry = self._stage(i, x, hw, carry, la_maps)
-            x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+            x = tokens_to_map(x, hw).contiguous()
             if i in self.out_indices:
                 outs.append(x)
         self._aux = {}
