@@ -61,9 +61,10 @@ def check_stage_args(num_stages, out_indices, attn_types=None, attn_name='attn_t
 class EffBackbone(BaseModule):
     """Base class of mmeffvit's dense-prediction backbones.
 
-    Subclasses build their layers, then call :meth:`_freeze_stages`, and implement
-    :meth:`stage_modules` (what ``frozen_stages`` freezes) and optionally :meth:`convert_weights`
-    (official checkpoint → this model's names and sizes).
+    Subclasses set :attr:`num_stages` when their arch decides it, build their layers, then call
+    :meth:`_freeze_stages`, and implement :meth:`stage_modules` (what ``frozen_stages``
+    freezes) and optionally :meth:`convert_weights` (official checkpoint → this model's names and
+    sizes).
 
     Conventions follow mmdet's Swin: ``frozen_stages=-1`` freezes nothing, ``0`` freezes the stem
     (patch embedding) only, ``k >= 1`` the stem and the first ``k`` stages, each in eval mode with
@@ -82,6 +83,10 @@ class EffBackbone(BaseModule):
         dict(type='Constant', layer=['LayerNorm', 'GroupNorm', '_BatchNorm'], val=1., bias=0.),
     ]
 
+    #: how many stages ``frozen_stages`` counts (blocks for a plain ViT); set on the instance
+    #: when the arch decides it
+    num_stages = 4
+
     def __init__(self, frozen_stages=-1, norm_eval=False, init_cfg=None):
         if init_cfg is None:
             init_cfg = copy.deepcopy(self.default_init_cfg)
@@ -92,10 +97,6 @@ class EffBackbone(BaseModule):
     # -- freezing ----------------------------------------------------------------------------
     def stage_modules(self, index):
         """Modules (and parameters) of stage ``index`` (0-based); ``-1`` means the stem."""
-        raise NotImplementedError
-
-    @property
-    def num_stages(self):
         raise NotImplementedError
 
     def _freeze_stages(self):

@@ -272,10 +272,6 @@ class CARE(EffBackbone):
         self.stages = nn.Sequential(*stages)
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return 4
-
     def stage_modules(self, index):
         return [self.stem] if index < 0 else [self.stages[index]]
 

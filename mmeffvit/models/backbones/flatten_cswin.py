@@ -318,7 +318,7 @@ class FLattenCSWin(EffBackbone):
         self.out_indices = out_indices
         self.out_norm = out_norm
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
         self.stage1_conv_embed = ConvStem(in_channels, self.embed_dims[0])
@@ -341,10 +341,6 @@ class FLattenCSWin(EffBackbone):
             if out_norm and i in out_indices:
                 setattr(self, f'norm{i}', LayerNormFP32(dims))
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:

@@ -228,7 +228,7 @@ class FLattenDeiT(EffBackbone):
 
         self.arch = arch
         self.embed_dims = dims
-        self.depth = depth
+        self.depth = self.num_stages = depth  # frozen_stages counts blocks
         self.patch_size = patch_size
         self.out_indices = out_indices
         self.out_type = out_type
@@ -259,10 +259,6 @@ class FLattenDeiT(EffBackbone):
             self.pyramid = None
             self.out_channels = [dims] * len(out_indices)
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self.depth
 
     def stage_modules(self, index):
         if index < 0:

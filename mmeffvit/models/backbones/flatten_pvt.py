@@ -95,7 +95,7 @@ class FLattenPVT(EffBackbone):
         self.embed_dims = list(arch['embed_dims'])
         self.depths = list(arch['depths'])
         self.out_indices = out_indices
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
 
         grid = list(pretrain_img_size)
@@ -121,10 +121,6 @@ class FLattenPVT(EffBackbone):
             ]))
             prev = dims
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:

@@ -114,7 +114,7 @@ class FLattenPVTv2(EffBackbone):
         self.embed_dims = list(arch['embed_dims'])
         self.depths = list(arch['depths'])
         self.out_indices = out_indices
-        self._num_stages = num
+        self.num_stages = num
         # plain numbers even under a torch.device('meta') context (cheap parameter counts)
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
 
@@ -141,10 +141,6 @@ class FLattenPVTv2(EffBackbone):
             setattr(self, f'norm{i + 1}', LayerNormFP32(dims, eps=1e-6))
             prev = dims
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:

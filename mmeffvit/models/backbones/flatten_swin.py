@@ -230,7 +230,7 @@ class FLattenSwin(EffBackbone):
         self.window_size = int(window_size)
         self.out_indices = out_indices
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], patch_size)
@@ -257,10 +257,6 @@ class FLattenSwin(EffBackbone):
         for i in out_indices:
             self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:

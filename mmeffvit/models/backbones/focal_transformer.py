@@ -459,7 +459,7 @@ class FocalTransformer(EffBackbone):
         self.embed_dims = [int(arch['embed_dims']) * 2 ** i for i in range(num)]
         self.out_indices = out_indices
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
         self.patch_embed = focal_patch_embed(in_channels, self.embed_dims[0], 4, use_conv_embed,
@@ -482,10 +482,6 @@ class FocalTransformer(EffBackbone):
         for i in out_indices:
             self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:

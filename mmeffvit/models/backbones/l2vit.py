@@ -242,10 +242,6 @@ class L2ViT(EffBackbone):
             self.add_module(f'norm{i}', LayerNormFP32(dims[i]))
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return 4
-
     def stage_modules(self, index):
         if index < 0:
             return [self.downsample_layers[0]]

@@ -241,7 +241,7 @@ class LaViT(EffBackbone):
         self.embed_dims, self.depths = list(arch['embed_dims']), list(arch['depths'])
         self.num_heads, self.sr_ratios = list(arch['num_heads']), list(arch['sr_ratios'])
         self.num_va_layers = list(arch['num_va_layers'])
-        self.out_indices, self._num_stages = out_indices, num
+        self.out_indices, self.num_stages = out_indices, num
         self.la_mode, self.chain, self.attn_residual = la_mode, chain, attn_residual
         self.patch_sizes = tuple(patch_sizes)
         first_la = next((i for i in range(num) if self.num_va_layers[i] < self.depths[i]), num)
@@ -294,10 +294,6 @@ class LaViT(EffBackbone):
         self.diag_loss = diag_loss
         self._aux = {}
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:
