@@ -116,6 +116,15 @@ def test_pretrained_missing_file_warns_and_trains_from_scratch(tmp_path):
     assert model.pos_embed1.std() > 0  # random init happened
 
 
+def test_original_pvt_stage4_cls_slot_is_dropped():
+    """PVT v1 stores ``pos_embed4`` as ``[cls; 7×7 grid]``: the leading cls slot goes (as in
+    mmdet's ``pvt_convert``), the grid stays."""
+    grid = torch.randn(1, 49, 512)
+    cls_slot = torch.full((1, 1, 512), 7.)
+    converted = FLattenPVT('tiny').convert_weights({'pos_embed4': torch.cat([cls_slot, grid], 1)})
+    assert torch.equal(converted['pos_embed4'], grid)
+
+
 @pytest.mark.parametrize('content', [b'', b'not a checkpoint at all'])
 def test_pretrained_corrupt_file_is_a_clear_error(tmp_path, content):
     path = tmp_path / 'bad.pth'

@@ -215,6 +215,9 @@ class CARE(EffBackbone):
                    ratios=[(4, 4)] * 4, head_dims=[None, None, 16, 32]),
     }
     arch_aliases = {f'caretrans_s{i}': f's{i}' for i in range(3)}
+    # raw official state dicts; the two classifier heads are not built
+    ckpt_strip_prefixes = ('module.', 'backbone.')
+    ckpt_drop_prefixes = ('head.', 'dist_head.')
     default_init_cfg = [
         dict(type='TruncNormal', layer=['Conv2d', 'Linear'], std=.02, bias=0.),
         dict(type='Constant', layer=['_BatchNorm', 'LayerNorm'], val=1., bias=0.),
@@ -274,18 +277,6 @@ class CARE(EffBackbone):
 
     def stage_modules(self, index):
         return [self.stem] if index < 0 else [self.stages[index]]
-
-    def convert_weights(self, state_dict):
-        """Official CARE weights → this model: strip ``module.``/``backbone.``, drop the
-        classifier heads ``head.*`` and ``dist_head.*``."""
-        out = {}
-        for key, value in state_dict.items():
-            for prefix in ('module.', 'backbone.'):
-                if key.startswith(prefix):
-                    key = key[len(prefix):]
-            if not key.startswith(('head.', 'dist_head.')):
-                out[key] = value
-        return out
 
     def forward(self, x):
         # stride-4 stem over a right/bottom zero-padded image: ceil(size / 4) for odd sizes

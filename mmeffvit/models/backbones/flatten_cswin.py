@@ -6,7 +6,7 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import map_to_tokens, resize_token_grid, square_side, tokens_to_map
+from ...utils import map_to_tokens, tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -279,6 +279,9 @@ class FLattenCSWin(EffBackbone):
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base', 'b384': 'base_384',
                     'base384': 'base_384'}
+    # dense outputs have their own norm{i} (expected missing); encodings resized to the grids
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'), )
 
     def __init__(self,
                  arch='tiny',
@@ -349,28 +352,6 @@ class FLattenCSWin(EffBackbone):
         if index > 0:
             mods.append(getattr(self, f'merge{index}'))
         return mods
-
-    def convert_weights(self, state_dict):
-        """Official FLatten-CSWin weights → this model: drop the classifier, resize encodings.
-
-        Drops ``head.*`` and the final ``norm.*`` (the dense outputs have their own ``norm{i}``,
-        which stay missing) and resizes every ``positional_encoding`` from its square grid to
-        this model's pre-training grid (bicubic, as the official 384 fine-tuning does).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (target is not None and key.endswith('.positional_encoding')
-                    and value.dim() == 3 and target.shape != value.shape):
-                side = square_side(value.shape[1], key)
-                stage, block = key.split('.')[:2]
-                dst = getattr(self, stage)[int(block)].attns[0].pe_size
-                value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-            out[key] = value
-        return out
 
     def _run_block(self, blk, x, hw):
         if self.with_cp and x.requires_grad:

@@ -4,7 +4,7 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side, tokens_to_map
+from ...utils import resize_token_grid, tokens_to_map
 from ..layers import FLattenPVTBlock, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -63,6 +63,11 @@ class FLattenPVT(EffBackbone):
         'large': dict(_PVT_WIDTHS, depths=[3, 8, 27, 3]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'large'}
+    # official files hold the classifier (head, unused final norm); position tensors are
+    # resized to pretrain_img_size; the original PVT v1 keeps a cls slot in pos_embed4
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'^pos_embed\d+$', 'token_grid', dict(ckpt_prefix=(1, ))),
+                         (r'\.positional_encoding$', 'token_grid'))
 
     def __init__(self,
                  arch='tiny',
@@ -134,38 +139,6 @@ class FLattenPVT(EffBackbone):
     def init_random_extras(self):
         for i in range(self.num_stages):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
-
-    def convert_weights(self, state_dict):
-        """Official FLatten-PVT (or PVT) weights → this model: drop the classifier and resize.
-
-        Drops ``head.*`` and the unused final ``norm.*``; resizes ``pos_embed{i}`` and every
-        ``positional_encoding`` to this model's ``pretrain_img_size`` grids (bicubic, square
-        source grids as in every release).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (target is not None and target.shape != value.shape and value.dim() == 3
-                    and key.endswith(('positional_encoding', ) + tuple(
-                        f'pos_embed{i + 1}' for i in range(self.num_stages)))):
-                if key.startswith('pos_embed') and value.shape[1] == target.shape[1] + 1:
-                    value = value[:, :-1]  # original PVT v1 keeps a cls slot in stage 4
-                side = square_side(value.shape[1], key)
-                dst = self._grid_of(key, target.shape[1])
-                value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-            out[key] = value
-        return out
-
-    def _grid_of(self, key, num_tokens):
-        if key.startswith('pos_embed'):
-            return self.pos_grids[int(key[len('pos_embed'):]) - 1]
-        stage = int(key.split('.')[0][len('block'):])
-        grid = getattr(self, f'block{stage}')[0].attn.pe_size
-        assert grid[0] * grid[1] == num_tokens
-        return grid
 
     def forward(self, x):
         outs = []

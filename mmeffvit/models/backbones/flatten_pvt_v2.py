@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side, tokens_to_map
+from ...utils import tokens_to_map
 from ..layers import FLattenPVTBlock, LayerNormFP32, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -78,6 +78,8 @@ class FLattenPVTv2(EffBackbone):
         'b5': dict(_V2_WIDTHS, mlp_ratios=[4, 4, 4, 4], depths=[3, 6, 40, 3]),
     }
     arch_aliases = {f'pvt_v2_b{i}': f'b{i}' for i in range(6)}
+    # the stage norms norm{i} belong to the backbone; encodings resized to pretrain_img_size
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'), )
 
     def __init__(self,
                  arch='b0',
@@ -163,28 +165,6 @@ class FLattenPVTv2(EffBackbone):
                 nn.init.normal_(m.weight, 0, math.sqrt(2.0 / fan_out))
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-
-    def convert_weights(self, state_dict):
-        """Official FLatten-PVTv2 (or PVT v2) weights → this model: drop ``head.*``, resize.
-
-        Every ``positional_encoding`` is resized (bicubic, square source grids as in every
-        release) to this model's ``pretrain_img_size`` grid; ``norm{i}`` are kept (they belong
-        to the stages).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith('head.'):
-                continue
-            target = own.get(key)
-            if (target is not None and target.shape != value.shape and value.dim() == 3
-                    and key.endswith('positional_encoding')):
-                side = square_side(value.shape[1], key)
-                stage = int(key.split('.')[0][len('block'):])
-                grid = getattr(self, f'block{stage}')[0].attn.pe_size
-                value = resize_token_grid(value, (side, side), grid, mode='bicubic')
-            out[key] = value
-        return out
 
     def forward(self, x):
         outs = []

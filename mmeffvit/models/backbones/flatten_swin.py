@@ -7,9 +7,9 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side, tokens_to_map
+from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
-from ..layers.relative_position import resize_bias_table, shifted_window_mask
+from ..layers.relative_position import shifted_window_mask
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -190,6 +190,13 @@ class FLattenSwin(EffBackbone):
         'base': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # the index depends only on the window (official fine-tuning deletes it); encodings resized
+    # to pretrain_img_size, bias tables to window_size (e.g. the 384² Swin-B into a 224² model)
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_drop_suffixes = ('attn_mask', )
+    ckpt_own_leaves = ('relative_position_index', )
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'),
+                         (r'\.relative_position_bias_table$', 'bias_table'))
 
     def __init__(self,
                  arch='tiny',
@@ -268,44 +275,6 @@ class FLattenSwin(EffBackbone):
         for m in self.modules():
             if isinstance(m, WindowMSA):
                 trunc_normal_(m.relative_position_bias_table, std=.02)
-
-    def convert_weights(self, state_dict):
-        """Official FLatten-Swin (or OpenMMLab-saved) weights → this model.
-
-        Drops the classifier (``head.*``), the final ``norm.*`` and the fixed-size ``attn_mask``
-        buffers; takes every ``relative_position_index`` from this model (it depends only on the
-        window), whether the checkpoint has it or not; resizes ``positional_encoding`` (bicubic
-        on the square token grid) to this model's ``pretrain_img_size`` grids and
-        ``relative_position_bias_table`` (bicubic on the ``(2w-1)×(2w-1)`` offset grid) to this
-        model's window, e.g. to load the 384² Swin-B (L grids 96/48, S window 12) into a
-        224²/window-7 model or back.
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')) or key.endswith('attn_mask'):
-                continue
-            target = own.get(key)
-            if key.endswith('relative_position_index'):
-                if target is not None:
-                    out[key] = target.clone()
-                continue
-            if target is not None and target.shape != value.shape:
-                if (key.endswith('positional_encoding') and value.dim() == 3
-                        and value.shape[-1] == target.shape[-1]):
-                    side = square_side(value.shape[1], key)
-                    dst = self.get_submodule(key.rsplit('.', 1)[0]).pe_size
-                    value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-                elif (key.endswith('relative_position_bias_table') and value.dim() == 2
-                      and value.shape[1] == target.shape[1]):
-                    value = resize_bias_table(value, target.shape[0], key)
-            out[key] = value
-        if any(k in own for k in out):
-            # the index is a function of the window only: checkpoints that dropped it still load
-            # without noise (the official fine-tuning loader deletes it)
-            out.update({k: v.clone() for k, v in own.items()
-                        if k.endswith('relative_position_index') and k not in out})
-        return out
 
     def forward(self, x):
         x, hw = self.patch_embed(x)

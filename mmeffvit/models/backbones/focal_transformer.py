@@ -24,6 +24,7 @@ from .base import EffBackbone, resolve_arch
 OFFICIAL_MASK_VALUE = -100.0
 
 POOL_METHODS = ('fc', 'mean', 'max', 'conv')
+_NEIGHBOUR_TABLE = '.relative_position_bias_table_to_neighbors'
 
 
 def ring_slots(window, expand):
@@ -415,6 +416,17 @@ class FocalTransformer(EffBackbone):
                      drop_path_rate=0.5),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # tensors are selected by exact key ends (a substring match on
+    # relative_position_bias_table would also hit the 4-D neighbour and the pooled tables);
+    # index buffers come from this model; tables and fc pooling weights are resized when the
+    # window or the focal window differ
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_drop_suffixes = ('attn_mask', )
+    ckpt_own_leaves = ('relative_position_index', 'valid_ind_')
+    ckpt_resize_rules = (
+        (r'\.relative_position_bias_table$', 'bias_table'),
+        (r'\.relative_position_bias_table_to_windows\.\d+$', 'bias_table', dict(transposed=True)),
+        (r'\.pool_layers\.\d+\.weight$', 'pool_weights'))
 
     def __init__(self,
                  arch='tiny',
@@ -500,54 +512,31 @@ class FocalTransformer(EffBackbone):
                     trunc_normal_(tab, std=.02)
 
     def convert_weights(self, state_dict):
-        """Official Focal Transformer (or OpenMMLab-saved) weights → this model.
+        """The declared conversion (``ckpt_*``), except for the ``…_to_neighbors`` tables.
 
-        Tensors are selected by exact key suffix (a substring match on
-        ``relative_position_bias_table`` would also hit the 4-D neighbour table and the
-        transposed pooled tables). Drops ``head.*``, ``norm.*`` and ``attn_mask``; takes index
-        buffers (``relative_position_index*``, ``valid_ind_*``) from this model; resizes
-        ``relative_position_bias_table`` (bicubic, ``(2w-1)²`` rows) and
-        ``relative_position_bias_table_to_windows.k`` (bicubic on its ``(h, side²)`` grid) and
-        fc ``pool_layers.k.weight`` (bicubic, sum kept) when the window or focal window differ;
-        a ``…_to_neighbors`` table that is missing (stage 4 of 224² checkpoints) or does not
-        fit keeps this model's initialisation (it has no 2-D offset structure to resize).
+        Those have no 2-D offset structure to resize: one that does not fit, or that the
+        checkpoint lacks (stage 4 of 224² checkpoints), keeps this model's initialisation.
         """
         own = self.state_dict()
-        out, fresh = {}, []
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')) or key.endswith('attn_mask'):
-                continue
-            leaf = key.rsplit('.', 1)[-1]
-            if leaf.startswith(('relative_position_index', 'valid_ind_')):
-                continue
-            target = own.get(key)
-            if target is not None and target.shape != value.shape:
-                if leaf == 'relative_position_bias_table' and value.shape[1] == target.shape[1]:
-                    value = resize_bias_table(value, target.shape[0], key)
-                elif ('.relative_position_bias_table_to_windows.' in key
-                      and value.shape[0] == target.shape[0]):
-                    value = resize_bias_table(value.t(), target.shape[1], key).t()
-                elif leaf == 'relative_position_bias_table_to_neighbors':
-                    fresh.append(key)
-                    continue
-                elif '.pool_layers.' in key and leaf == 'weight' and value.dim() == 2:
-                    # fc pooling weights over a side² sub-window: resized on the side×side
-                    # grid, rescaled so that they keep their sum (a mean stays a mean)
-                    rows = resize_bias_table(value.t(), target.shape[1], key).t()
-                    value = rows * (value.shape[1] / target.shape[1])
-            out[key] = value
+        misfit = [k for k, v in state_dict.items() if k.endswith(_NEIGHBOUR_TABLE)
+                  and k in own and own[k].shape != v.shape]
+        out = super().convert_weights({k: v for k, v in state_dict.items() if k not in misfit})
+        fresh = set(misfit)
         if any(k in own for k in out):
-            for k, v in own.items():
-                leaf = k.rsplit('.', 1)[-1]
-                if leaf.startswith(('relative_position_index', 'valid_ind_')):
-                    out[k] = v.clone()
-                elif leaf == 'relative_position_bias_table_to_neighbors' and k not in out:
-                    fresh.append(k)
+            fresh.update(k for k in own if k.endswith(_NEIGHBOUR_TABLE) and k not in out)
         if fresh:
             print_log(f'{type(self).__name__}: {len(fresh)} relative_position_bias_table_to_'
                       f'neighbors tables are not in the checkpoint (or do not fit) and keep '
                       f'their random initialisation: {sorted(fresh)}', logger='current')
         return out
+
+    def _resize_pool_weights(self, key, value, target):
+        """fc pooling weights over a ``side²`` sub-window: resized on the ``side×side`` grid and
+        rescaled so that they keep their sum (a mean stays a mean)."""
+        if value.dim() != 2:
+            return value
+        rows = resize_bias_table(value.t(), target.shape[1], key).t()
+        return rows * (value.shape[1] / target.shape[1])
 
     def forward(self, x):
         x, hw = self.patch_embed(x)

@@ -184,6 +184,9 @@ class L2ViT(EffBackbone):
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base', 'l2vit_tiny': 'tiny',
                     'l2vit_small': 'small', 'l2vit_base': 'base'}
+    # classifier norm/head dropped; the per-stage norm{i} start fresh
+    ckpt_strip_prefixes = ('module.', 'backbone.')
+    ckpt_drop_prefixes = ('head.', 'norm.')
     default_init_cfg = [
         dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
         dict(type='Kaiming', layer='Conv2d', mode='fan_out', nonlinearity='relu', bias=0.,
@@ -249,19 +252,6 @@ class L2ViT(EffBackbone):
         if index > 0:
             mods.append(self.downsample_layers[index])
         return mods
-
-    def convert_weights(self, state_dict):
-        """Official L²ViT weights → this model: strip ``module.``/``backbone.``, drop the
-        classifier ``head.*`` and its ``norm.*`` (the per-stage ``norm{i}`` start fresh)."""
-        out = {}
-        for key, value in state_dict.items():
-            for prefix in ('module.', 'backbone.'):
-                if key.startswith(prefix):
-                    key = key[len(prefix):]
-            if key.startswith(('head.', 'norm.')):
-                continue
-            out[key] = value
-        return out
 
     def forward(self, x):
         outs = []

@@ -7,7 +7,7 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import MODELS, register_model
-from ...utils import resize_token_grid, square_side, tokens_to_map, unknown_choice_error
+from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
 from ..layers.less_attention import LessAttention, VanillaAttention
@@ -205,6 +205,10 @@ class LaViT(EffBackbone):
         'base': dict(_PVT, depths=[3, 4, 18, 3], num_va_layers=[3, 4, 1, 1]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # position tables are resized; Θ/Ψ cannot be: a checkpoint trained at another size is
+    # rejected by the shape check of init_weights (keep pretrain_img_size, use la_mode='window')
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'^pos_embed\d+$', 'token_grid'), )
 
     def __init__(self, arch='tiny', in_channels=3, pretrain_img_size=224, patch_sizes=(4, 2, 2, 2),
                  la_mode='window', window_sizes=None, chain='previous', attn_residual=True,
@@ -310,28 +314,6 @@ class LaViT(EffBackbone):
         for m in self.modules():
             if isinstance(m, LessAttention):
                 m.reset_transforms()
-
-    def convert_weights(self, state_dict):
-        """ImageNet LaViT weights → this backbone: drop the classifier, resize position tables.
-
-        ``head.*`` and the final ``norm.*`` are dropped; ``pos_embed{i}`` stored for another
-        (square) training size is resized bicubically. Θ/Ψ cannot be resized meaningfully: a
-        checkpoint trained at another size is rejected by the shape check of ``init_weights``;
-        keep ``pretrain_img_size`` at the classification size and use ``la_mode='window'``.
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (key.startswith('pos_embed') and target is not None
-                    and target.shape != value.shape and value.dim() == 3):
-                side = square_side(value.shape[1], key)
-                value = resize_token_grid(value, (side, side),
-                                          self.pos_grids[int(key[len('pos_embed'):]) - 1])
-            out[key] = value
-        return out
 
     def aux_losses(self):
         """Auxiliary losses of the last training forward (``{'loss_diag': ...}``), then cleared."""
