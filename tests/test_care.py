@@ -7,7 +7,7 @@ from mmengine.registry import init_default_scope
 import mmeffvit  # noqa: F401
 from mmeffvit.models import CARE
 from mmeffvit.models.backbones.care import TokenMixer
-from mmeffvit.utils.complexity import analyze
+from mmeffvit.analysis import analyze
 from amp_check import AMP_DTYPES, check_autocast_against_fp32
 from golden_care_l2vit import check_stages, fill, load_record, official_state_dict
 

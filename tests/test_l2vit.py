@@ -8,7 +8,7 @@ import mmeffvit  # noqa: F401
 from mmeffvit.models import L2ViT
 from mmeffvit.models.backbones.l2vit import LWABlock
 from mmeffvit.models.layers import LayerNormFP32, clamped_linear_attention
-from mmeffvit.utils.complexity import analyze
+from mmeffvit.analysis import analyze
 from amp_check import AMP_DTYPES, check_autocast_against_fp32
 from golden_care_l2vit import check_stages, fill, load_record, official_state_dict
 

@@ -49,7 +49,7 @@ def test_parameter_counts_near_published(arch):
 
 @pytest.mark.parametrize('arch', ['tiny', 'small', 'base'])
 def test_macs_near_published(arch):
-    from mmeffvit.utils.complexity import ImageNetClassifier, analyze
+    from mmeffvit.analysis import ImageNetClassifier, analyze
     torch.manual_seed(0)
     model = ImageNetClassifier(LaViT(arch, la_mode='dense', out_indices=(3, )),
                                unused_norm=True).eval()
