@@ -1,13 +1,15 @@
-"""CARE Transformer: official counts, key layout, attention, stage-4 options, sizes, loading."""
+"""CARE Transformer: official counts, key layout, attention, stage-4 options, loading.
+
+The contract every backbone keeps is ``test_backbone_contract.py``.
+"""
 import pytest
 import torch
 import torch.nn.functional as F
-from mmengine.registry import init_default_scope
 
 import mmeffvit  # noqa: F401
 from mmeffvit.models import CARE
 from mmeffvit.models.backbones.care import TokenMixer
-from mmeffvit.utils.complexity import analyze
+from mmeffvit.analysis import analyze
 from amp_check import AMP_DTYPES, check_autocast_against_fp32
 from golden_care_l2vit import check_stages, fill, load_record, official_state_dict
 
@@ -121,14 +123,13 @@ def test_mixer_split_order_and_bypass():
         TokenMixer(6, head_dims=4)
 
 
-def test_odd_input_size_and_both_stage4_outputs():
+def test_both_stage4_outputs():
     for mode, c4 in (('expanded', 1024), ('residual', 256)):
         model = CARE('s0', last_block=mode).eval()
+        assert model.out_channels == [32, 64, 128, c4]
         with torch.no_grad():
-            outs = model(torch.rand(1, 3, 333, 517))
-        assert [tuple(o.shape) for o in outs] == [(1, 32, 84, 130), (1, 64, 42, 65),
-                                                  (1, 128, 21, 33), (1, c4, 11, 17)]
-        assert all(torch.isfinite(o).all() for o in outs)
+            outs = model(torch.rand(1, 3, 61, 77))
+        assert [o.shape[1] for o in outs] == model.out_channels
 
 
 def test_last_block_drop_path_off_by_default():
@@ -140,21 +141,8 @@ def test_last_block_drop_path_off_by_default():
 
 
 def test_bad_arguments():
-    with pytest.raises(KeyError, match="'s3'.*s0"):
-        CARE('s3')
     with pytest.raises(KeyError, match='last_block'):
         CARE('s0', last_block='none')
-    with pytest.raises(ValueError, match='out_indices'):
-        CARE('s0', out_indices=(0, 4))
-
-
-def test_frozen_stages_and_norm_eval():
-    model = CARE('s0', frozen_stages=2, norm_eval=True)
-    model.train()
-    for mod in (model.stem, model.stages[0], model.stages[1]):
-        assert not mod.training and not any(p.requires_grad for p in mod.parameters())
-    assert all(p.requires_grad for p in model.stages[2].parameters())
-    assert not model.stages[2].blocks[0].inter_layer.inter1_norm.training
 
 
 def test_official_raw_state_dict_loads_through_init_cfg(tmp_path):
@@ -195,19 +183,6 @@ def test_autocast_forward_backward_matches_fp32(dtype):
     check_autocast_against_fp32(model, torch.rand(1, 3, 97, 131), dtype)
 
 
-@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
-@pytest.mark.parametrize('name', ['CARE', 'mmeffvit.CARE'])
-def test_builds_by_plain_and_scoped_name(scope, name):
-    init_default_scope(scope)
-    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
-    model = registry.build(dict(type=name, arch='s0', out_indices=(3, )))
-    assert type(model).__name__ == 'CARE'
-    with torch.no_grad():
-        (out, ) = model.eval()(torch.rand(1, 3, 45, 61))
-    assert out.shape == (1, 1024, 2, 2)
-
-
-# -- golden data from the official CARENets (tests/data/golden/care/README.md) -------------------
 def _golden_model(record, tmp_path):
     kw = record['official_kwargs']
     arch = dict(CARE.arch_settings['s0' if '0' in record['official_factory'] else 's2'])

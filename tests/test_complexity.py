@@ -11,8 +11,9 @@ from mmengine.config import Config
 
 import mmeffvit  # noqa: F401
 from mmeffvit.models import FocusedLinearAttention, SpatialReductionAttention
-from mmeffvit.utils.complexity import (analyze, backbone_complexity, build_classifier,
-                                       cached_backbone_complexity, config_complexity)
+from mmeffvit.analysis import (analyze, backbone_complexity, build_classifier,
+                               config_complexity)
+from mmeffvit.analysis.models import cached_backbone_complexity
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

@@ -1,9 +1,11 @@
-"""FLatten-PVTv2: official parameter counts, layout, any input size, freezing, loading."""
+"""FLatten-PVTv2: official parameter counts, key layout, stage norms, random init, loading.
+
+The contract every backbone keeps is ``test_backbone_contract.py``.
+"""
 import math
 
 import pytest
 import torch
-from mmengine.registry import init_default_scope
 
 import mmeffvit  # noqa: F401
 from mmeffvit.models import FLattenPVTv2
@@ -63,34 +65,15 @@ def test_official_key_layout():
     assert not any('.sr.' in k or 'pos_embed' in k for k in sd)
 
 
-def test_odd_input_size_gives_strided_maps():
+def test_outputs_pass_through_the_stage_norms():
     model = FLattenPVTv2('b0').eval()
     with torch.no_grad():
-        outs = model(torch.rand(1, 3, 333, 517))
-    shapes = [tuple(o.shape) for o in outs]
-    assert shapes == [(1, 32, 84, 130), (1, 64, 42, 65), (1, 160, 21, 33), (1, 256, 11, 17)]
-    assert all(torch.isfinite(o).all() for o in outs)
-    # outputs pass through the stage norms (weight 1, bias 0 at init): zero mean over channels
+        outs = model(torch.rand(1, 3, 61, 77))
+    # the stage norms (weight 1, bias 0 at init): zero mean over channels
     for o in outs:
         torch.testing.assert_close(o.mean(1), torch.zeros_like(o.mean(1)), atol=1e-4, rtol=0)
-
-
-def test_out_indices_and_bad_values():
-    model = FLattenPVTv2('b0', out_indices=(1, 3)).eval()
-    with torch.no_grad():
-        outs = model(torch.rand(1, 3, 64, 96))
-    assert [o.shape[1] for o in outs] == [64, 256]
-    with pytest.raises(ValueError, match='out_indices'):
-        FLattenPVTv2('b0', out_indices=(4, ))
     with pytest.raises(ValueError, match='patch_sizes > strides'):
         FLattenPVTv2('b0', patch_sizes=(4, 2, 2, 2))
-
-
-def test_unknown_arch_lists_names_closest_first():
-    with pytest.raises(KeyError) as err:
-        FLattenPVTv2('b6')
-    msg = str(err.value)
-    assert "'b6'" in msg and 'b0' in msg and msg.index('b0') < msg.index('pvt_v2_b0')
 
 
 def test_official_random_init():
@@ -104,28 +87,6 @@ def test_official_random_init():
     assert abs(model.block2[0].attn.q.weight.std().item() - 0.02) < 0.002
     assert torch.all(model.norm3.weight == 1)
     assert torch.count_nonzero(model.block1[0].attn.positional_encoding) == 0
-
-
-def test_frozen_stages_really_frozen():
-    model = FLattenPVTv2('b0', frozen_stages=2)
-    model.train()
-    frozen = [model.patch_embed1, model.block1, model.norm1, model.patch_embed2, model.block2,
-              model.norm2]
-    for mod in frozen:
-        assert not mod.training
-        assert all(not p.requires_grad for p in mod.parameters())
-    assert model.block3.training and all(p.requires_grad for p in model.patch_embed3.parameters())
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    sum(o.sum() for o in model(torch.rand(2, 3, 64, 64))).backward()
-    opt.step()
-    after = model.state_dict()
-    for k in before:
-        if k.startswith(('patch_embed1', 'block1', 'norm1', 'patch_embed2', 'block2', 'norm2')):
-            assert torch.equal(before[k], after[k]), k
-    assert not torch.equal(before['block3.0.mlp.fc1.weight'], after['block3.0.mlp.fc1.weight'])
-    with pytest.raises(ValueError, match='frozen_stages'):
-        FLattenPVTv2('b0', frozen_stages=5)
 
 
 def _official_state_dict():
@@ -153,33 +114,3 @@ def test_pretrained_official_layout_loads_and_resizes(tmp_path):
     model.init_weights()
     for key, value in model.state_dict().items():
         assert torch.equal(value, sd[key]), key
-
-
-def test_pretrained_wrong_architecture_is_a_clear_error(tmp_path):
-    path = tmp_path / 'b1.pth'
-    torch.save(FLattenPVTv2('b1').state_dict(), path)
-    model = FLattenPVTv2('b0', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(RuntimeError, match='does not fit'):
-        model.init_weights()
-
-
-def test_bf16_autocast_forward_backward_finite():
-    model = FLattenPVTv2('b0')
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        outs = model(torch.rand(1, 3, 96, 128))
-    loss = sum(o.float().mean() for o in outs)
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-
-
-@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
-@pytest.mark.parametrize('name', ['FLattenPVTv2', 'mmeffvit.FLattenPVTv2'])
-def test_builds_by_plain_and_scoped_name(scope, name):
-    init_default_scope(scope)
-    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
-    model = registry.build(dict(type=name, arch='b0', out_indices=(3, )))
-    assert type(model).__name__ == 'FLattenPVTv2'
-    with torch.no_grad():
-        (out, ) = model.eval()(torch.rand(1, 3, 45, 61))
-    assert out.shape == (1, 256, 2, 2)

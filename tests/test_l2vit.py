@@ -1,14 +1,16 @@
-"""L²ViT: official counts, key layout, attention against naive forms, sizes, freezing, loading."""
+"""L²ViT: official counts, key layout, attention against naive forms, loading, mixed precision.
+
+The contract every backbone keeps is ``test_backbone_contract.py``.
+"""
 import pytest
 import torch
 import torch.nn.functional as F
-from mmengine.registry import init_default_scope
 
 import mmeffvit  # noqa: F401
 from mmeffvit.models import L2ViT
 from mmeffvit.models.backbones.l2vit import LWABlock
 from mmeffvit.models.layers import LayerNormFP32, clamped_linear_attention
-from mmeffvit.utils.complexity import analyze
+from mmeffvit.analysis import analyze
 from amp_check import AMP_DTYPES, check_autocast_against_fp32
 from golden_care_l2vit import check_stages, fill, load_record, official_state_dict
 
@@ -157,40 +159,13 @@ def test_window_block_equals_naive_loop_with_unmasked_padding():
     torch.testing.assert_close(block(x, hw), naive_window_block_attention(block, x, hw))
 
 
-def test_odd_input_size_and_ceil_strides():
-    model = L2ViT('tiny').eval()
-    with torch.no_grad():
-        outs = model(torch.rand(1, 3, 333, 517))
-    assert [tuple(o.shape) for o in outs] == [(1, 96, 84, 130), (1, 192, 42, 65),
-                                              (1, 384, 21, 33), (1, 768, 11, 17)]
-    assert all(torch.isfinite(o).all() for o in outs)
-
-
-def test_out_indices_and_bad_arguments():
-    model = L2ViT('tiny', out_indices=(1, 3)).eval()
+def test_out_norms_follow_out_indices_and_bad_arguments():
+    model = L2ViT('tiny', out_indices=(1, 3))
     assert not hasattr(model, 'norm0') and hasattr(model, 'norm3')
-    with torch.no_grad():
-        outs = model(torch.rand(1, 3, 64, 96))
-    assert [o.shape[1] for o in outs] == [192, 768]
-    with pytest.raises(ValueError, match='out_indices'):
-        L2ViT('tiny', out_indices=(4, ))
     with pytest.raises(ValueError, match='window_size'):
         L2ViT('tiny', window_size=0)
-    with pytest.raises(KeyError, match="'tinyy'.*tiny"):
-        L2ViT('tinyy')
     with pytest.raises(ValueError, match='divisible'):
         L2ViT(dict(embed_dims=[96, 192, 384, 768], depths=[2] * 4, num_heads=[5, 6, 12, 24]))
-
-
-def test_frozen_stages_and_norm_eval():
-    model = L2ViT('tiny', frozen_stages=1, norm_eval=True)
-    model.train()
-    for mod in (model.downsample_layers[0], model.stages[0], model.norm0):
-        assert not mod.training and not any(p.requires_grad for p in mod.parameters())
-    assert model.stages[1].training and all(p.requires_grad for p in model.stages[1].parameters())
-    assert not model.stages[1][1].local_mp.bn.training  # norm_eval: BN statistics frozen
-    with pytest.raises(ValueError, match='frozen_stages'):
-        L2ViT('tiny', frozen_stages=5)
 
 
 def _official_file(tmp_path):
@@ -256,19 +231,6 @@ def test_layernorm_fp32_keeps_parameter_gradients_accurate_under_autocast():
         assert torch.equal(ref(x), F.layer_norm(x, (96, ), ref.weight, ref.bias))
 
 
-@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
-@pytest.mark.parametrize('name', ['L2ViT', 'mmeffvit.L2ViT'])
-def test_builds_by_plain_and_scoped_name(scope, name):
-    init_default_scope(scope)
-    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
-    model = registry.build(dict(type=name, arch='tiny', out_indices=(3, )))
-    assert type(model).__name__ == 'L2ViT'
-    with torch.no_grad():
-        (out, ) = model.eval()(torch.rand(1, 3, 45, 61))
-    assert out.shape == (1, 768, 2, 2)
-
-
-# -- golden data from the official L2ViT detection backbone (tests/data/golden/l2vit/README.md) --
 def _golden_model(record, tmp_path):
     kw = record['official_kwargs']
     arch = dict(embed_dims=list(kw['dims']), depths=list(kw['depths']),

@@ -1,14 +1,13 @@
 from .checkpoint import (allow_mmengine_checkpoints, load_checkpoint_file,
                          unwrap_state_dict)
-from .complexity import ComplexityReport, analyze, backbone_complexity, config_complexity
 from .suggest import closest_first, install_registry_hints, unknown_choice_error
-from .tensor import at_least_fp32, resize_token_grid, square_side
+from .tensor import (at_least_fp32, map_to_tokens, resize_token_grid, square_side,
+                     tokens_to_map)
 from .sample_photos import SAMPLE_PHOTOS, sample_photo
 
 __all__ = [
-    'allow_mmengine_checkpoints', 'at_least_fp32', 'load_checkpoint_file', 'resize_token_grid',
-    'square_side', 'unwrap_state_dict', 'closest_first', 'install_registry_hints',
-    'unknown_choice_error', 'ComplexityReport', 'analyze', 'backbone_complexity',
-    'config_complexity'
+    'allow_mmengine_checkpoints', 'at_least_fp32', 'load_checkpoint_file', 'map_to_tokens',
+    'resize_token_grid', 'square_side', 'tokens_to_map', 'unwrap_state_dict', 'closest_first',
+    'install_registry_hints', 'unknown_choice_error'
 ]
 __all__ += ['SAMPLE_PHOTOS', 'sample_photo']

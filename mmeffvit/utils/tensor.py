@@ -20,6 +20,18 @@ def resize_token_grid(tokens, src_hw, dst_hw, mode='bicubic'):
     return grid.permute(0, 2, 3, 1).reshape(1, dst_hw[0] * dst_hw[1], c)
 
 
+def tokens_to_map(tokens, hw_shape):
+    """Row-major tokens ``(B, H*W, C)`` → channels-first map ``(B, C, H, W)`` (a view)."""
+    b, _, c = tokens.shape
+    return tokens.transpose(1, 2).reshape(b, c, *hw_shape)
+
+
+def map_to_tokens(feature_map):
+    """Channels-first map ``(B, C, H, W)`` → row-major tokens ``(B, H*W, C)`` and ``(H, W)``."""
+    hw = (int(feature_map.shape[-2]), int(feature_map.shape[-1]))
+    return feature_map.flatten(2).transpose(1, 2), hw
+
+
 def square_side(num_tokens, what='tokens'):
     """Side of a square token grid, with a clear error when ``num_tokens`` is not a square."""
     side = int(round(num_tokens ** 0.5))

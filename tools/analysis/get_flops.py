@@ -6,7 +6,7 @@ attention's ``q·mean(k)``, ``KᵀV``, ``Q(KᵀV)`` and depthwise conv; softmax 
 ``QKᵀ`` and ``AV``, also through ``F.scaled_dot_product_attention``); element-wise work (the
 focusing function, softmax, norms, activations, pooling, resizing) is not, unless
 ``--count-elementwise`` asks for mmengine's default charges. See
-:mod:`mmeffvit.utils.complexity`. Examples::
+:mod:`mmeffvit.analysis`. Examples::
 
     # a config's model: backbone + neck + heads in tensor mode (mmdet default 1280x800,
     # mmseg 2048x512, given as --shape H W)
@@ -28,8 +28,8 @@ if sys.path[0] != REPO_ROOT:
 from mmengine.config import DictAction  # noqa: E402
 
 import mmeffvit  # noqa: E402,F401  registers the backbones
-from mmeffvit.utils.complexity import (backbone_complexity, config_complexity,  # noqa: E402
-                                       format_report)
+from mmeffvit.analysis import (backbone_complexity, config_complexity,  # noqa: E402
+                               format_report)
 
 
 def build_parser():

@@ -8,7 +8,7 @@ arguments) the table lists:
   official code counts them) and of the dense-prediction backbone (the arguments the configs use:
   out-norms of all four stages; DeiT with its ViTDet pyramid);
 * GMACs of the classifier at its ImageNet resolution and of the dense backbone at the detection
-  input 800×1333, both counted by :mod:`mmeffvit.utils.complexity` (mmengine's FlopAnalyzer);
+  input 800×1333, both counted by :mod:`mmeffvit.analysis` (mmengine's FlopAnalyzer);
 * the configs in the family folders of ``configs/`` whose backbone is that variant and the
   checkpoint they load
   (``pretrained = ...``), with whether the official release has it.
@@ -35,8 +35,8 @@ if sys.path[0] != REPO_ROOT:
 import torch  # noqa: E402
 
 import mmeffvit  # noqa: E402,F401  registers the backbones
-from mmeffvit.utils.complexity import (build_backbone, build_classifier,  # noqa: E402
-                                       cached_backbone_complexity, count_params)
+from mmeffvit.analysis import build_backbone, build_classifier, count_params  # noqa: E402
+from mmeffvit.analysis.models import cached_backbone_complexity  # noqa: E402
 
 DOC = osp.join(REPO_ROOT, 'docs', 'model_zoo.md')
 CONFIG_DIR = osp.join(REPO_ROOT, 'configs')
@@ -230,7 +230,7 @@ def _params(factory):
 def cls_gmacs(variant):
     """GMACs of the ImageNet classifier at its resolution (memoised per process)."""
     if variant.kwargs:
-        from mmeffvit.utils.complexity import backbone_complexity
+        from mmeffvit.analysis import backbone_complexity
         return backbone_complexity(variant.type, variant.arch, variant.cls_resolution(), True,
                                    **variant.kwargs).gmacs
     return cached_backbone_complexity(variant.type, variant.arch, variant.cls_resolution(),
@@ -240,7 +240,7 @@ def cls_gmacs(variant):
 def det_gmacs(variant):
     """GMACs of the dense backbone at 800×1333."""
     if variant.kwargs:
-        from mmeffvit.utils.complexity import backbone_complexity
+        from mmeffvit.analysis import backbone_complexity
         return backbone_complexity(variant.type, variant.arch, DET_SHAPE, False,
                                    **variant.kwargs).gmacs
     return cached_backbone_complexity(variant.type, variant.arch, DET_SHAPE, False).gmacs
@@ -259,7 +259,7 @@ HEADER = """# Model zoo
 
 Every FLatten variant mmeffvit builds. **GMACs** are multiply-adds (1 MAC = one multiply-add,
 the fvcore / mmengine convention; papers, FLatten's included, call them FLOPs), counted by
-tracing the model with mmengine's `FlopAnalyzer` (`mmeffvit/utils/complexity.py`): linear layers,
+tracing the model with mmengine's `FlopAnalyzer` (`mmeffvit/analysis/complexity.py`): linear layers,
 convolutions and every attention product (focused linear attention's `q·mean(k)`, `KᵀV`,
 `Q(KᵀV)` and depthwise conv; softmax attention's `QKᵀ` and `AV`). Element-wise work (the focusing
 function, softmax, norms, activations, pooling, resizing of position tensors) is not counted.

@@ -1,14 +1,18 @@
 """Behaviour every mmeffvit backbone shares: stage freezing, ``norm_eval``, pretrained loading."""
 import copy
+import math
+import re
 
+import torch
 import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...utils import unknown_choice_error
+from ...utils import resize_token_grid, square_side, unknown_choice_error
 from ...utils.checkpoint import download_checkpoint, load_checkpoint_file, unwrap_state_dict
 from ...utils.checkpoint_fit import check_fit, describe_meta
+from ..layers.relative_position import resize_bias_table
 
 
 def resolve_arch(arch, arch_settings, aliases=None, required=()):
@@ -63,9 +67,10 @@ def check_stage_args(num_stages, out_indices, attn_types=None, attn_name='attn_t
 class EffBackbone(BaseModule):
     """Base class of mmeffvit's dense-prediction backbones.
 
-    Subclasses build their layers, then call :meth:`_freeze_stages`, and implement
-    :meth:`stage_modules` (what ``frozen_stages`` freezes) and optionally :meth:`convert_weights`
-    (official checkpoint → this model's names and sizes).
+    Subclasses set :attr:`num_stages` when their arch decides it, build their layers, then call
+    :meth:`_freeze_stages`, and implement :meth:`stage_modules` (what ``frozen_stages``
+    freezes). :meth:`convert_weights` (official checkpoint → this model's names and sizes) is
+    declared by the ``ckpt_*`` class attributes.
 
     Conventions follow mmdet's Swin: ``frozen_stages=-1`` freezes nothing, ``0`` freezes the stem
     (patch embedding) only, ``k >= 1`` the stem and the first ``k`` stages, each in eval mode with
@@ -85,6 +90,10 @@ class EffBackbone(BaseModule):
         dict(type='Constant', layer=['LayerNorm', 'GroupNorm', '_BatchNorm'], val=1., bias=0.),
     ]
 
+    #: how many stages ``frozen_stages`` counts (blocks for a plain ViT); set on the instance
+    #: when the arch decides it
+    num_stages = 4
+
     def __init__(self, frozen_stages=-1, norm_eval=False, init_cfg=None):
         if init_cfg is None:
             init_cfg = copy.deepcopy(self.default_init_cfg)
@@ -95,10 +104,6 @@ class EffBackbone(BaseModule):
     # -- freezing ----------------------------------------------------------------------------
     def stage_modules(self, index):
         """Modules (and parameters) of stage ``index`` (0-based); ``-1`` means the stem."""
-        raise NotImplementedError
-
-    @property
-    def num_stages(self):
         raise NotImplementedError
 
     def _freeze_stages(self):
@@ -126,9 +131,93 @@ class EffBackbone(BaseModule):
         return self
 
     # -- pretrained weights ------------------------------------------------------------------
+    #: prefixes stripped from every checkpoint key, in this order (raw training files)
+    ckpt_strip_prefixes = ()
+    #: checkpoint keys this backbone does not build (classifier heads, final norms), by prefix
+    ckpt_drop_prefixes = ('head.', )
+    #: ... and by suffix (e.g. fixed-size ``attn_mask`` buffers)
+    ckpt_drop_suffixes = ()
+    #: leaf names (or their beginnings) of buffers that depend only on this model's geometry
+    #: (index tables): never read from a checkpoint, always this model's own values
+    ckpt_own_leaves = ()
+    #: ``(regex on the key, rule[, options])`` for tensors whose shape differs from this model's;
+    #: the first match applies ``_resize_<rule>``: ``'token_grid'`` (``(1, [P +] H*W, C)``
+    #: position tensors) or ``'bias_table'`` (relative-position tables)
+    ckpt_resize_rules = ()
+
     def convert_weights(self, state_dict):
-        """Map a checkpoint's weights onto this model (rename, drop heads, resize). Identity."""
-        return state_dict
+        """Map a checkpoint's weights onto this model, as the ``ckpt_*`` attributes declare.
+
+        Strips ``ckpt_strip_prefixes``, drops ``ckpt_drop_prefixes`` / ``ckpt_drop_suffixes``,
+        resizes every tensor whose shape differs from this model's by the first matching
+        ``ckpt_resize_rules`` entry (the others stay as they are: ``init_weights`` reports them)
+        and, when anything matched, takes ``ckpt_own_leaves`` buffers from this model.
+        """
+        own = self.state_dict()
+        out = {}
+        for key, value in state_dict.items():
+            for prefix in self.ckpt_strip_prefixes:
+                if key.startswith(prefix):
+                    key = key[len(prefix):]
+            if (key.startswith(self.ckpt_drop_prefixes) or key.endswith(self.ckpt_drop_suffixes)
+                    or self._own_leaf(key)):
+                continue
+            target = own.get(key)
+            if target is not None and target.shape != value.shape:
+                value = self._resize(key, value, target)
+            out[key] = value
+        if self.ckpt_own_leaves and any(k in own for k in out):
+            # e.g. index buffers, which some official loaders delete before saving
+            out.update({k: v.clone() for k, v in own.items() if self._own_leaf(k)})
+        return out
+
+    def _own_leaf(self, key):
+        return bool(self.ckpt_own_leaves) and key.rsplit('.', 1)[-1].startswith(
+            self.ckpt_own_leaves)
+
+    def _resize(self, key, value, target):
+        for pattern, rule, *options in self.ckpt_resize_rules:
+            if re.search(pattern, key):
+                return getattr(self, f'_resize_{rule}')(key, value, target, **dict(*options))
+        return value
+
+    def token_grid(self, key):
+        """Grid ``(H, W)`` this model stores the token tensor ``key`` for.
+
+        ``pos_embed`` / ``pos_embed{i}`` are the backbone's own position embeddings (grids
+        ``pos_grid`` / ``pos_grids[i - 1]``); any other tensor belongs to a module whose
+        ``pe_size`` is its grid (:class:`FocusedLinearAttention`).
+        """
+        stage = re.fullmatch(r'pos_embed(\d*)', key)
+        if stage:
+            return self.pos_grids[int(stage[1]) - 1] if stage[1] else self.pos_grid
+        return tuple(self.get_submodule(key.rsplit('.', 1)[0]).pe_size)
+
+    def _resize_token_grid(self, key, value, target, ckpt_prefix=()):
+        """``(1, P + H*W, C)`` tokens of a square grid → :meth:`token_grid` (bicubic).
+
+        ``P`` leading tokens (cls, distillation) are allowed when ``P`` is in ``ckpt_prefix``;
+        the model keeps as many of them as it has prefix slots (``target``) and drops the rest.
+        """
+        if value.dim() != 3 or value.shape[-1] != target.shape[-1]:
+            return value
+        grid = self.token_grid(key)
+        extra = value.shape[1] - math.isqrt(value.shape[1]) ** 2
+        extra = extra if extra in ckpt_prefix else 0
+        side = square_side(value.shape[1] - extra, key)
+        tokens = resize_token_grid(value[:, extra:], (side, side), grid, mode='bicubic')
+        keep = target.shape[1] - grid[0] * grid[1]
+        return torch.cat([value[:, :keep], tokens], dim=1) if keep else tokens
+
+    def _resize_bias_table(self, key, value, target, transposed=False):
+        """A ``((2w-1)², h)`` relative-position table (``(h, L)`` when ``transposed``) →
+        this model's number of offsets (bicubic on the square offset grid)."""
+        heads = 0 if transposed else 1
+        if value.dim() != 2 or value.shape[heads] != target.shape[heads]:
+            return value
+        if transposed:
+            return resize_bias_table(value.t(), target.shape[1], key).t()
+        return resize_bias_table(value, target.shape[0], key)
 
     def init_random_extras(self):
         """Initialise what ``init_cfg`` layer rules cannot reach (e.g. position embeddings)."""

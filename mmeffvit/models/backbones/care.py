@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath
 
+from ... import ops
 from ...registry import register_model
 from ...utils import at_least_fp32, unknown_choice_error
-from ..layers import kv_first_linear_attention
 from ..layers.window import pad_to_multiple
 from .base import EffBackbone, resolve_arch
 
@@ -22,9 +22,10 @@ class TokenMixer(nn.Module):
     The ``4m`` channels are split into ``[memory | global | local 3×3 | local 7×7]`` (``m`` each).
     The memory slice bypasses the mixer. The global slice goes through linear attention in
     stages 3-4 (ELU+1 kernel on a 1×1 ``qk`` projection, the input itself as value, sums scaled by
-    ``1/N``, no softmax and no output projection; :func:`kv_first_linear_attention` computes
-    exactly this, in fp32) and through an 11×1 + 1×11 strip depthwise pair in stages 1-2. The two
-    local slices go through depthwise 3×3 and 7×7 convs.
+    ``1/N``, no softmax and no output projection: FLatten's mean-normalised
+    :func:`mmeffvit.ops.linear_attention` computes exactly this, in fp32) and through an
+    11×1 + 1×11 strip depthwise pair in stages 1-2. The two local slices go through depthwise
+    3×3 and 7×7 convs.
 
     Args:
         mem_dims (int): ``m``, the width of each of the four slices.
@@ -58,7 +59,8 @@ class TokenMixer(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             q = F.elu(heads(at_least_fp32(q))) + 1.0
             k = F.elu(heads(at_least_fp32(k))) + 1.0
-            out = kv_first_linear_attention(q, k, heads(at_least_fp32(x)), eps=1e-6)
+            out = ops.linear_attention(q, k, heads(at_least_fp32(x)), normalizer='mean',
+                                       eps=1e-6)
         return out.transpose(-2, -1).reshape(b, c, h, w).to(x.dtype)
 
     def forward(self, x):
@@ -213,6 +215,9 @@ class CARE(EffBackbone):
                    ratios=[(4, 4)] * 4, head_dims=[None, None, 16, 32]),
     }
     arch_aliases = {f'caretrans_s{i}': f's{i}' for i in range(3)}
+    # raw official state dicts; the two classifier heads are not built
+    ckpt_strip_prefixes = ('module.', 'backbone.')
+    ckpt_drop_prefixes = ('head.', 'dist_head.')
     default_init_cfg = [
         dict(type='TruncNormal', layer=['Conv2d', 'Linear'], std=.02, bias=0.),
         dict(type='Constant', layer=['_BatchNorm', 'LayerNorm'], val=1., bias=0.),
@@ -270,24 +275,8 @@ class CARE(EffBackbone):
         self.stages = nn.Sequential(*stages)
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return 4
-
     def stage_modules(self, index):
         return [self.stem] if index < 0 else [self.stages[index]]
-
-    def convert_weights(self, state_dict):
-        """Official CARE weights → this model: strip ``module.``/``backbone.``, drop the
-        classifier heads ``head.*`` and ``dist_head.*``."""
-        out = {}
-        for key, value in state_dict.items():
-            for prefix in ('module.', 'backbone.'):
-                if key.startswith(prefix):
-                    key = key[len(prefix):]
-            if not key.startswith(('head.', 'dist_head.')):
-                out[key] = value
-        return out
 
     def forward(self, x):
         # stride-4 stem over a right/bottom zero-padded image: ceil(size / 4) for odd sizes

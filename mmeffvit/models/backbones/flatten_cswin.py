@@ -6,8 +6,8 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention, LayerNormFP32
+from ...utils import map_to_tokens, tokens_to_map
+from ..layers import FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -25,11 +25,6 @@ def _from_windows(x, b, h, w):
     return x.reshape(b, c, h, w)
 
 
-def _tokens_to_map(x, hw):
-    b, n, c = x.shape
-    return x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
-
-
 class ConvStem(nn.Sequential):
     """CSWin's overlapping stem: Conv 7×7 stride 4 pad 2, tokens, LayerNorm (sec. 3.1 of CSWin).
 
@@ -45,12 +40,8 @@ class ConvStem(nn.Sequential):
                          nn.Identity(), LayerNormFP32(embed_dims))
 
     def forward(self, x):
-        pad_h, pad_w = (-x.shape[-2]) % 4, (-x.shape[-1]) % 4
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self[0](x)
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self[2](x.flatten(2).transpose(1, 2)), hw
+        x, hw = map_to_tokens(self[0](pad_to_multiple(x, 4)))
+        return self[2](x), hw
 
 
 class MergeBlock(nn.Module):
@@ -62,9 +53,8 @@ class MergeBlock(nn.Module):
         self.norm = LayerNormFP32(out_dims)
 
     def forward(self, x, hw):
-        x = self.conv(_tokens_to_map(x, hw))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+        x, hw = map_to_tokens(self.conv(tokens_to_map(x, hw)))
+        return self.norm(x), hw
 
 
 class LePEAttention(nn.Module):
@@ -117,7 +107,7 @@ class LePEAttention(nn.Module):
         h, w = hw
         wh, ww = self.window_shape(hw)
         pad_h, pad_w = (-h) % wh, (-w) % ww
-        maps = [_tokens_to_map(t, hw) for t in (q, k, v)]
+        maps = [tokens_to_map(t, hw) for t in (q, k, v)]
         if pad_h or pad_w:
             maps = [F.pad(m, (0, pad_w, 0, pad_h)) for m in maps]
         qw, kw, vw = (_to_windows(m, wh, ww) for m in maps)
@@ -138,7 +128,7 @@ class LePEAttention(nn.Module):
         out = attn @ heads(vw) + heads(lepe)
         out = out.transpose(-2, -1).reshape(-1, c, wh, ww)
         out = _from_windows(out, b, h + pad_h, w + pad_w)[:, :, :h, :w]
-        return out.flatten(2).transpose(1, 2)
+        return map_to_tokens(out)[0]
 
 
 class LePEFocusedLinearAttention(FocusedLinearAttention):
@@ -160,7 +150,7 @@ class LePEFocusedLinearAttention(FocusedLinearAttention):
 
     def forward(self, q, k, v, hw):
         """Args: q, k, v ``(B, H*W, C)``; hw ``(H, W)``. Returns ``(B, H*W, C)``."""
-        lepe = self.get_v(_tokens_to_map(v, hw)).flatten(2).transpose(1, 2)
+        lepe = map_to_tokens(self.get_v(tokens_to_map(v, hw)))[0]
         out = self.attend(q, k, v, hw)
         return out + lepe.to(out.dtype)
 
@@ -289,6 +279,9 @@ class FLattenCSWin(EffBackbone):
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base', 'b384': 'base_384',
                     'base384': 'base_384'}
+    # dense outputs have their own norm{i} (expected missing); encodings resized to the grids
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'), )
 
     def __init__(self,
                  arch='tiny',
@@ -328,7 +321,7 @@ class FLattenCSWin(EffBackbone):
         self.out_indices = out_indices
         self.out_norm = out_norm
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
         self.stage1_conv_embed = ConvStem(in_channels, self.embed_dims[0])
@@ -352,10 +345,6 @@ class FLattenCSWin(EffBackbone):
                 setattr(self, f'norm{i}', LayerNormFP32(dims))
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return self._num_stages
-
     def stage_modules(self, index):
         if index < 0:
             return [self.stage1_conv_embed]
@@ -363,28 +352,6 @@ class FLattenCSWin(EffBackbone):
         if index > 0:
             mods.append(getattr(self, f'merge{index}'))
         return mods
-
-    def convert_weights(self, state_dict):
-        """Official FLatten-CSWin weights → this model: drop the classifier, resize encodings.
-
-        Drops ``head.*`` and the final ``norm.*`` (the dense outputs have their own ``norm{i}``,
-        which stay missing) and resizes every ``positional_encoding`` from its square grid to
-        this model's pre-training grid (bicubic, as the official 384 fine-tuning does).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (target is not None and key.endswith('.positional_encoding')
-                    and value.dim() == 3 and target.shape != value.shape):
-                side = square_side(value.shape[1], key)
-                stage, block = key.split('.')[:2]
-                dst = getattr(self, stage)[int(block)].attns[0].pe_size
-                value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-            out[key] = value
-        return out
 
     def _run_block(self, blk, x, hw):
         if self.with_cp and x.requires_grad:
@@ -401,5 +368,5 @@ class FLattenCSWin(EffBackbone):
                 x = self._run_block(blk, x, hw)
             if i in self.out_indices:
                 y = getattr(self, f'norm{i}')(x) if self.out_norm else x
-                outs.append(_tokens_to_map(y, hw).contiguous())
+                outs.append(tokens_to_map(y, hw).contiguous())
         return tuple(outs)

@@ -7,7 +7,7 @@ from timm.layers import DropPath, LayerNorm2d, Mlp, PatchEmbed
 
 from ...registry import register_model
 from ... import ops
-from ...utils import resize_token_grid, square_side, unknown_choice_error
+from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
 from .base import EffBackbone, resolve_arch
 
@@ -188,6 +188,11 @@ class FLattenDeiT(EffBackbone):
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base', 'deit-tiny': 'tiny',
                     'deit-small': 'small', 'deit-base': 'base'}
     num_extra_tokens = 1
+    # DeiT / distilled DeiT files: heads and the distillation token go, pos_embed keeps its cls
+    # slot, position tensors are resized to pretrain_img_size
+    ckpt_drop_prefixes = ('head.', 'head_dist.', 'dist_token')
+    ckpt_resize_rules = ((r'^pos_embed$', 'token_grid', dict(ckpt_prefix=(1, 2))),
+                         (r'\.positional_encoding$', 'token_grid'))
 
     def __init__(self,
                  arch='tiny',
@@ -228,7 +233,7 @@ class FLattenDeiT(EffBackbone):
 
         self.arch = arch
         self.embed_dims = dims
-        self.depth = depth
+        self.depth = self.num_stages = depth  # frozen_stages counts blocks
         self.patch_size = patch_size
         self.out_indices = out_indices
         self.out_type = out_type
@@ -260,10 +265,6 @@ class FLattenDeiT(EffBackbone):
             self.out_channels = [dims] * len(out_indices)
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return self.depth
-
     def stage_modules(self, index):
         if index < 0:
             return [self.patch_embed, self.cls_token, self.pos_embed]
@@ -276,33 +277,6 @@ class FLattenDeiT(EffBackbone):
         # DeiT's init of the two free tensors (Linear / LayerNorm come from init_cfg)
         trunc_normal_(self.pos_embed, std=.02)
         trunc_normal_(self.cls_token, std=.02)
-
-    def convert_weights(self, state_dict):
-        """DeiT / FLatten-DeiT weights → this model: drop heads, resize position tensors.
-
-        Drops ``head.*``, ``head_dist.*`` and the distillation token; ``pos_embed`` keeps its
-        cls slot (a distilled model's second slot is dropped) and its patch part is resized
-        (bicubic) to ``pretrain_img_size``, as is every ``positional_encoding``.
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'head_dist.')) or key == 'dist_token':
-                continue
-            target = own.get(key)
-            if target is not None and target.shape != value.shape and value.dim() == 3:
-                if key == 'pos_embed':
-                    extra = value.shape[1] - int(value.shape[1] ** 0.5) ** 2  # cls (+ dist)
-                    grid = value[:, extra:]
-                    side = square_side(grid.shape[1], key)
-                    value = torch.cat([value[:, :self.num_extra_tokens],
-                                       resize_token_grid(grid, (side, side), self.pos_grid,
-                                                         mode='bicubic')], dim=1)
-                elif key.endswith('attn.positional_encoding'):
-                    side = square_side(value.shape[1], key)
-                    value = resize_token_grid(value, (side, side), self.pos_grid, mode='bicubic')
-            out[key] = value
-        return out
 
     def _pos_embed(self, hw):
         pos = self.pos_embed
@@ -320,8 +294,7 @@ class FLattenDeiT(EffBackbone):
         patches = x[:, self.num_extra_tokens:]
         if self.out_type == 'avg_featmap':
             return patches.mean(dim=1)
-        b, _, c = patches.shape
-        return patches.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2).contiguous()
+        return tokens_to_map(patches, hw).contiguous()
 
     def forward(self, x):
         x = self.patch_embed(x)  # pads to patch multiples (bottom/right)

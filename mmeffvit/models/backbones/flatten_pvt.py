@@ -1,72 +1,15 @@
 """FLatten-PVT: PVT (v1) with focused linear attention (FLatten Transformer, ICCV 2023, sec. 5)."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
-from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention, LayerNormFP32, SpatialReductionAttention
+from ...utils import resize_token_grid, tokens_to_map
+from ..layers import FLattenPVTBlock, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 # widths shared by every FLatten-PVT variant (official flatten_pvt_* factories)
 _PVT_WIDTHS = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4])
-
-
-class PatchEmbed(nn.Module):
-    """Non-overlapping patch embedding ``Conv(k=s=patch) + LayerNorm`` (PVT v1).
-
-    Inputs whose size is not a multiple of the patch are zero-padded at the bottom/right first,
-    so a map of ``H×W`` always gives ``ceil(H/p)×ceil(W/p)`` tokens (the official code drops the
-    remainder, which breaks stride alignment with FPN for odd sizes).
-    """
-
-    def __init__(self, in_channels, embed_dims, patch_size):
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
-        self.norm = LayerNormFP32(embed_dims)
-
-    def forward(self, x):
-        p = self.patch_size
-        pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
-        hw = x.shape[-2:]
-        return self.norm(x.flatten(2).transpose(1, 2)), (int(hw[0]), int(hw[1]))
-
-
-class FLattenPVTBlock(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
-
-    ``attn_type='L'`` uses :class:`FocusedLinearAttention`, ``'S'`` PVT's softmax
-    :class:`SpatialReductionAttention` (the official ``attn_type`` string per stage).
-    """
-
-    def __init__(self, embed_dims, num_heads, mlp_ratio, attn_type='L', pe_size=None, sr_ratio=1,
-                 qkv_bias=True, focusing_factor=3, kernel_size=5, drop_rate=0., drop_path=0.,
-                 norm_eps=1e-6):
-        super().__init__()
-        self.norm1 = LayerNormFP32(embed_dims, eps=norm_eps)
-        if attn_type == 'L':
-            self.attn = FocusedLinearAttention(
-                embed_dims, num_heads, pe_size=pe_size, qkv_bias=qkv_bias,
-                focusing_factor=focusing_factor, kernel_size=kernel_size, sr_ratio=sr_ratio,
-                proj_drop=drop_rate)
-        elif attn_type == 'S':
-            self.attn = SpatialReductionAttention(
-                embed_dims, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, proj_drop=drop_rate)
-        else:
-            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = LayerNormFP32(embed_dims, eps=norm_eps)
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
-
-    def forward(self, x, hw_shape):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
 @register_model
@@ -120,6 +63,11 @@ class FLattenPVT(EffBackbone):
         'large': dict(_PVT_WIDTHS, depths=[3, 8, 27, 3]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'large'}
+    # official files hold the classifier (head, unused final norm); position tensors are
+    # resized to pretrain_img_size; the original PVT v1 keeps a cls slot in pos_embed4
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'^pos_embed\d+$', 'token_grid', dict(ckpt_prefix=(1, ))),
+                         (r'\.positional_encoding$', 'token_grid'))
 
     def __init__(self,
                  arch='tiny',
@@ -152,7 +100,7 @@ class FLattenPVT(EffBackbone):
         self.embed_dims = list(arch['embed_dims'])
         self.depths = list(arch['depths'])
         self.out_indices = out_indices
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
 
         grid = list(pretrain_img_size)
@@ -179,10 +127,6 @@ class FLattenPVT(EffBackbone):
             prev = dims
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return self._num_stages
-
     def stage_modules(self, index):
         if index < 0:
             return [self.patch_embed1, self.pos_embed1]
@@ -196,40 +140,7 @@ class FLattenPVT(EffBackbone):
         for i in range(self.num_stages):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
 
-    def convert_weights(self, state_dict):
-        """Official FLatten-PVT (or PVT) weights → this model: drop the classifier and resize.
-
-        Drops ``head.*`` and the unused final ``norm.*``; resizes ``pos_embed{i}`` and every
-        ``positional_encoding`` to this model's ``pretrain_img_size`` grids (bicubic, square
-        source grids as in every release).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (target is not None and target.shape != value.shape and value.dim() == 3
-                    and key.endswith(('positional_encoding', ) + tuple(
-                        f'pos_embed{i + 1}' for i in range(self.num_stages)))):
-                if key.startswith('pos_embed') and value.shape[1] == target.shape[1] + 1:
-                    value = value[:, :-1]  # original PVT v1 keeps a cls slot in stage 4
-                side = square_side(value.shape[1], key)
-                dst = self._grid_of(key, target.shape[1])
-                value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-            out[key] = value
-        return out
-
-    def _grid_of(self, key, num_tokens):
-        if key.startswith('pos_embed'):
-            return self.pos_grids[int(key[len('pos_embed'):]) - 1]
-        stage = int(key.split('.')[0][len('block'):])
-        grid = getattr(self, f'block{stage}')[0].attn.pe_size
-        assert grid[0] * grid[1] == num_tokens
-        return grid
-
     def forward(self, x):
-        b = x.shape[0]
         outs = []
         for i in range(self.num_stages):
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
@@ -238,7 +149,7 @@ class FLattenPVT(EffBackbone):
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             for blk in getattr(self, f'block{i + 1}'):
                 x = blk(x, hw)
-            x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+            x = tokens_to_map(x, hw).contiguous()
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

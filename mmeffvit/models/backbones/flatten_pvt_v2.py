@@ -5,10 +5,9 @@ import torch
 import torch.nn as nn
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side
-from ..layers import LayerNormFP32
+from ...utils import tokens_to_map
+from ..layers import FLattenPVTBlock, LayerNormFP32, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
-from .flatten_pvt import FLattenPVTBlock
 
 # widths of B1-B5 (official flatten_pvt_v2_b* factories); B0 halves the channels
 _V2_WIDTHS = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4])
@@ -17,71 +16,6 @@ _V2_WIDTHS = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ra
 def _conv_out(size, kernel, stride):
     """Output length of a conv with ``padding = kernel // 2`` (= ceil(size / stride) here)."""
     return (size + 2 * (kernel // 2) - kernel) // stride + 1
-
-
-class OverlapPatchEmbed(nn.Module):
-    """Overlapping patch embedding of PVT v2 (sec. 3.2 of PVT v2): ``Conv(k, s, k//2) + LN``.
-
-    With ``padding = k // 2`` and ``k > s`` the map of ``H×W`` always becomes
-    ``ceil(H/s)×ceil(W/s)``, so no extra padding is needed for odd input sizes.
-    """
-
-    def __init__(self, in_channels, embed_dims, kernel_size, stride):
-        super().__init__()
-        self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size, stride=stride,
-                              padding=kernel_size // 2)
-        # the official embedding uses the default LayerNorm epsilon, unlike the blocks
-        self.norm = LayerNormFP32(embed_dims)
-
-    def forward(self, x):
-        x = self.proj(x)
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
-
-
-class DWConv(nn.Module):
-    """Depthwise 3×3 conv on the token grid; the wrapper keeps the official ``dwconv.dwconv``."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.dwconv = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
-
-    def forward(self, x, hw_shape):
-        b, n, c = x.shape
-        x = self.dwconv(x.transpose(1, 2).reshape(b, c, *hw_shape))
-        return x.flatten(2).transpose(1, 2)
-
-
-class ConvMlp(nn.Module):
-    """PVT v2 feed-forward: ``fc1 → depthwise 3×3 conv → GELU → fc2`` (PVT v2, sec. 3.3).
-
-    The depthwise conv gives the MLP the zero-padding position cue that replaces PVT v1's
-    absolute position embeddings.
-    """
-
-    def __init__(self, in_features, hidden_features, drop=0.):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.dwconv = DWConv(hidden_features)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x, hw_shape):
-        x = self.drop(self.act(self.dwconv(self.fc1(x), hw_shape)))
-        return self.drop(self.fc2(x))
-
-
-class FLattenPVTv2Block(FLattenPVTBlock):
-    """The FLatten-PVT block (same attention choice and names) with PVT v2's :class:`ConvMlp`."""
-
-    def __init__(self, embed_dims, num_heads, mlp_ratio, drop_rate=0., **kwargs):
-        super().__init__(embed_dims, num_heads, mlp_ratio, drop_rate=drop_rate, **kwargs)
-        self.mlp = ConvMlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
-
-    def forward(self, x, hw_shape):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        return x + self.drop_path(self.mlp(self.norm2(x), hw_shape))
 
 
 @register_model
@@ -144,6 +78,8 @@ class FLattenPVTv2(EffBackbone):
         'b5': dict(_V2_WIDTHS, mlp_ratios=[4, 4, 4, 4], depths=[3, 6, 40, 3]),
     }
     arch_aliases = {f'pvt_v2_b{i}': f'b{i}' for i in range(6)}
+    # the stage norms norm{i} belong to the backbone; encodings resized to pretrain_img_size
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'), )
 
     def __init__(self,
                  arch='b0',
@@ -180,7 +116,7 @@ class FLattenPVTv2(EffBackbone):
         self.embed_dims = list(arch['embed_dims'])
         self.depths = list(arch['depths'])
         self.out_indices = out_indices
-        self._num_stages = num
+        self.num_stages = num
         # plain numbers even under a torch.device('meta') context (cheap parameter counts)
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
 
@@ -189,25 +125,24 @@ class FLattenPVTv2(EffBackbone):
         for i in range(num):
             grid = [_conv_out(g, patch_sizes[i], strides[i]) for g in grid]
             dims = self.embed_dims[i]
-            setattr(self, f'patch_embed{i + 1}',
-                    OverlapPatchEmbed(prev, dims, patch_sizes[i], strides[i]))
+            # overlapping embedding (PVT v2 sec. 3.2): k//2 padding gives ceil(H/s) on its own;
+            # its LayerNorm keeps the default epsilon, unlike the blocks
+            setattr(self, f'patch_embed{i + 1}', PatchEmbed(
+                prev, dims, patch_sizes[i], strides[i], padding=patch_sizes[i] // 2,
+                pad_input=False))
             pe_grid = tuple(g // sr_ratios[i] for g in grid)
             start = sum(self.depths[:i])
             setattr(self, f'block{i + 1}', nn.ModuleList([
-                FLattenPVTv2Block(dims, arch['num_heads'][i], arch['mlp_ratios'][i],
-                                  attn_type=attn_types[i], pe_size=pe_grid,
-                                  sr_ratio=sr_ratios[i], qkv_bias=qkv_bias,
-                                  focusing_factor=focusing_factor, kernel_size=kernel_size,
-                                  drop_rate=drop_rate, drop_path=dpr[start + j])
+                FLattenPVTBlock(dims, arch['num_heads'][i], arch['mlp_ratios'][i],
+                                attn_type=attn_types[i], pe_size=pe_grid, sr_ratio=sr_ratios[i],
+                                qkv_bias=qkv_bias, focusing_factor=focusing_factor,
+                                kernel_size=kernel_size, drop_rate=drop_rate,
+                                drop_path=dpr[start + j], conv_mlp=True)
                 for j in range(self.depths[i])
             ]))
             setattr(self, f'norm{i + 1}', LayerNormFP32(dims, eps=1e-6))
             prev = dims
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:
@@ -231,37 +166,14 @@ class FLattenPVTv2(EffBackbone):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    def convert_weights(self, state_dict):
-        """Official FLatten-PVTv2 (or PVT v2) weights → this model: drop ``head.*``, resize.
-
-        Every ``positional_encoding`` is resized (bicubic, square source grids as in every
-        release) to this model's ``pretrain_img_size`` grid; ``norm{i}`` are kept (they belong
-        to the stages).
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith('head.'):
-                continue
-            target = own.get(key)
-            if (target is not None and target.shape != value.shape and value.dim() == 3
-                    and key.endswith('positional_encoding')):
-                side = square_side(value.shape[1], key)
-                stage = int(key.split('.')[0][len('block'):])
-                grid = getattr(self, f'block{stage}')[0].attn.pe_size
-                value = resize_token_grid(value, (side, side), grid, mode='bicubic')
-            out[key] = value
-        return out
-
     def forward(self, x):
-        b = x.shape[0]
         outs = []
         for i in range(self.num_stages):
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
             for blk in getattr(self, f'block{i + 1}'):
                 x = blk(x, hw)
             x = getattr(self, f'norm{i + 1}')(x)
-            x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+            x = tokens_to_map(x, hw).contiguous()
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

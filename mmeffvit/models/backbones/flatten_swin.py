@@ -7,116 +7,11 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import resize_token_grid, square_side
-from ..layers import FocusedLinearAttention, LayerNormFP32
-from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
+from ...utils import tokens_to_map
+from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
+from ..layers.relative_position import shifted_window_mask
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, check_stage_args, resolve_arch
-
-#: additive logit given to key/query pairs of one shifted window that come from different
-#: regions of the map (Swin's value: negligible after the softmax, finite in fp16/bf16)
-SHIFT_MASK_VALUE = -100.0
-
-
-def relative_position_index(window, table_window=None):
-    """Index of every (query, key) pair of a ``window×window`` window into a bias table.
-
-    The table holds one row per relative offset ``(dy, dx)`` with ``|dy|, |dx| < table_window``,
-    row-major over ``(dy + W - 1, dx + W - 1)`` with ``W = table_window`` (Swin, sec. 3.2).
-    ``window < table_window`` addresses the central part of a larger table.
-
-    Returns:
-        LongTensor: ``(window², window²)``.
-    """
-    big = window if table_window is None else table_window
-    if window > big:
-        raise ValueError(f'window {window} is larger than the bias table window {big}')
-    ys, xs = torch.meshgrid(torch.arange(window), torch.arange(window), indexing='ij')
-    ys, xs = ys.flatten(), xs.flatten()
-    dy = ys[:, None] - ys[None, :] + big - 1
-    dx = xs[:, None] - xs[None, :] + big - 1
-    return dy * (2 * big - 1) + dx
-
-
-def shifted_window_mask(height, width, window, shift, device=None):
-    """Additive mask ``(num_windows, window², window²)`` of shifted-window attention.
-
-    After the cyclic shift by ``-shift`` of the padded ``height×width`` map, its last ``shift``
-    rows are the rows wrapped around from the top, which share the last row of windows with
-    rows from the bottom. Rows of the shifted map are labelled by strip (``[0, H-w)``,
-    ``[H-w, H-s)``, ``[H-s, H)``), columns likewise, and pairs of tokens whose (row, column)
-    labels differ get :data:`SHIFT_MASK_VALUE`.
-    """
-
-    def strips(size):
-        label = torch.zeros(size, dtype=torch.long, device=device)
-        label[size - window:] = 1
-        label[size - shift:] = 2
-        return label
-
-    region = strips(height)[:, None] * 3 + strips(width)[None, :]
-    region = region.view(height // window, window, width // window, window)
-    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)
-    differs = region[:, :, None] != region[:, None, :]
-    return differs.float() * SHIFT_MASK_VALUE
-
-
-class WindowMSA(nn.Module):
-    """Softmax self-attention inside windows with a relative position bias (Swin, sec. 3.2).
-
-    The ``'S'`` attention of FLatten-Swin, unchanged from Swin. Parameter and buffer names
-    (``qkv``, ``proj``, ``relative_position_bias_table``, ``relative_position_index``) are the
-    official ones so the released checkpoints load.
-
-    Args:
-        embed_dims (int): Channels C.
-        num_heads (int): Heads h.
-        window_size (int): Window side w the bias table is built for, ``(2w-1)² × h``.
-        qkv_bias (bool): Bias of the fused q/k/v projection.
-        attn_drop (float): Dropout on the attention weights.
-        proj_drop (float): Dropout after the output projection.
-    """
-
-    def __init__(self, embed_dims, num_heads, window_size, qkv_bias=True, attn_drop=0.,
-                 proj_drop=0.):
-        super().__init__()
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
-        self.window_size = window_size
-        self.qk_scale = (embed_dims // num_heads) ** -0.5
-        self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * window_size - 1) ** 2, num_heads))
-        self.register_buffer('relative_position_index', relative_position_index(window_size))
-        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(embed_dims, embed_dims)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def relative_bias(self, window):
-        """``(h, window², window²)`` bias for a window of side ``window`` (≤ the table's)."""
-        if window == self.window_size:
-            index = self.relative_position_index
-        else:
-            index = relative_position_index(window, self.window_size).to(
-                self.relative_position_bias_table.device)
-        bias = self.relative_position_bias_table[index.reshape(-1)]
-        return bias.reshape(window * window, window * window, -1).permute(2, 0, 1)
-
-    def forward(self, x, window, mask=None):
-        """Args: x ``(B·nW, w², C)`` window tokens; mask ``(nW, w², w²)`` or None."""
-        bw, n, c = x.shape
-        h = self.num_heads
-        q, k, v = self.qkv(x).reshape(bw, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = (q * self.qk_scale) @ k.transpose(-2, -1)
-        attn = attn + self.relative_bias(window).unsqueeze(0)
-        if mask is not None:
-            nw = mask.shape[0]
-            attn = attn.view(bw // nw, nw, h, n, n) + mask[None, :, None].to(attn.dtype)
-            attn = attn.view(bw, h, n, n)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(bw, n, c)
-        return self.proj_drop(self.proj(out))
 
 
 class FLattenSwinBlock(nn.Module):
@@ -189,21 +84,6 @@ class FLattenSwinBlock(nn.Module):
             y = self.shifted_window_attention(y, hw_shape)
         x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x)))
-
-
-class PatchEmbed(nn.Module):
-    """``Conv(k=s=patch)`` then LayerNorm; the input is zero-padded to patch multiples first."""
-
-    def __init__(self, in_channels, embed_dims, patch_size, norm=True):
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
-        self.norm = LayerNormFP32(embed_dims) if norm else nn.Identity()
-
-    def forward(self, x):
-        x = self.proj(pad_to_multiple(x, self.patch_size))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
 
 
 class PatchMerging(nn.Module):
@@ -310,6 +190,13 @@ class FLattenSwin(EffBackbone):
         'base': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # the index depends only on the window (official fine-tuning deletes it); encodings resized
+    # to pretrain_img_size, bias tables to window_size (e.g. the 384² Swin-B into a 224² model)
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_drop_suffixes = ('attn_mask', )
+    ckpt_own_leaves = ('relative_position_index', )
+    ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'),
+                         (r'\.relative_position_bias_table$', 'bias_table'))
 
     def __init__(self,
                  arch='tiny',
@@ -350,7 +237,7 @@ class FLattenSwin(EffBackbone):
         self.window_size = int(window_size)
         self.out_indices = out_indices
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], patch_size)
@@ -378,10 +265,6 @@ class FLattenSwin(EffBackbone):
             self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return self._num_stages
-
     def stage_modules(self, index):
         if index < 0:
             return [self.patch_embed]
@@ -393,46 +276,7 @@ class FLattenSwin(EffBackbone):
             if isinstance(m, WindowMSA):
                 trunc_normal_(m.relative_position_bias_table, std=.02)
 
-    def convert_weights(self, state_dict):
-        """Official FLatten-Swin (or OpenMMLab-saved) weights → this model.
-
-        Drops the classifier (``head.*``), the final ``norm.*`` and the fixed-size ``attn_mask``
-        buffers; takes every ``relative_position_index`` from this model (it depends only on the
-        window), whether the checkpoint has it or not; resizes ``positional_encoding`` (bicubic
-        on the square token grid) to this model's ``pretrain_img_size`` grids and
-        ``relative_position_bias_table`` (bicubic on the ``(2w-1)×(2w-1)`` offset grid) to this
-        model's window, e.g. to load the 384² Swin-B (L grids 96/48, S window 12) into a
-        224²/window-7 model or back.
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')) or key.endswith('attn_mask'):
-                continue
-            target = own.get(key)
-            if key.endswith('relative_position_index'):
-                if target is not None:
-                    out[key] = target.clone()
-                continue
-            if target is not None and target.shape != value.shape:
-                if (key.endswith('positional_encoding') and value.dim() == 3
-                        and value.shape[-1] == target.shape[-1]):
-                    side = square_side(value.shape[1], key)
-                    dst = self.get_submodule(key.rsplit('.', 1)[0]).pe_size
-                    value = resize_token_grid(value, (side, side), dst, mode='bicubic')
-                elif (key.endswith('relative_position_bias_table') and value.dim() == 2
-                      and value.shape[1] == target.shape[1]):
-                    value = resize_bias_table(value, target.shape[0], key)
-            out[key] = value
-        if any(k in own for k in out):
-            # the index is a function of the window only: checkpoints that dropped it still load
-            # without noise (the official fine-tuning loader deletes it)
-            out.update({k: v.clone() for k, v in own.items()
-                        if k.endswith('relative_position_index') and k not in out})
-        return out
-
     def forward(self, x):
-        b = x.shape[0]
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []
@@ -444,15 +288,7 @@ class FLattenSwin(EffBackbone):
                     x = blk(x, hw)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(out.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous())
+                outs.append(tokens_to_map(out, hw).contiguous())
             if layer.downsample is not None:
                 x, hw = layer.downsample(x, hw)
         return tuple(outs)
-
-
-def resize_bias_table(table, rows, what='relative_position_bias_table'):
-    """Bicubic resize of a ``((2w-1)², h)`` relative bias table to ``rows`` = ``(2w'-1)²``."""
-    src, dst = square_side(table.shape[0], what), square_side(rows, what)
-    grid = table.t().reshape(1, -1, src, src).float()
-    grid = F.interpolate(grid, size=(dst, dst), mode='bicubic', align_corners=False)
-    return grid.reshape(-1, dst * dst).t().contiguous().to(table.dtype)

@@ -14,16 +14,17 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
-from ...utils import unknown_choice_error
-from ..layers.norm import LayerNormFP32
-from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
+from ...utils import tokens_to_map, unknown_choice_error
+from ..layers import LayerNormFP32, PatchEmbed
+from ..layers.relative_position import relative_position_index, resize_bias_table
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
-from .flatten_swin import relative_position_index, resize_bias_table
 
 #: additive logit of the official code for pooled keys read outside the pooled map
 OFFICIAL_MASK_VALUE = -100.0
 
 POOL_METHODS = ('fc', 'mean', 'max', 'conv')
+_NEIGHBOUR_TABLE = '.relative_position_bias_table_to_neighbors'
 
 
 def ring_slots(window, expand):
@@ -327,28 +328,19 @@ class FocalTransformerBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class PatchEmbed(nn.Module):
-    """Stem / downsampling: ``Conv`` then LayerNorm (official ``PatchEmbed``).
+def focal_patch_embed(in_channels, embed_dims, stride, conv=False, stem=False):
+    """Stem / downsampling of the official ``PatchEmbed``: ``Conv`` (k = s, or the overlapping
+    k7/s4/p2 stem and k3/s2/p1 downsampling convs of the conv variants) then LayerNorm.
 
     The input is zero-padded at the bottom/right to a multiple of the stride, so a ``H×W`` map
-    becomes ``ceil(H/s)×ceil(W/s)`` for the linear (k = s) and the conv (k7/s4/p2, k3/s2/p1)
-    variants alike; at multiples of the stride this is exactly the official layer.
+    becomes ``ceil(H/s)×ceil(W/s)`` for both variants; at multiples of the stride this is
+    exactly the official layer.
     """
-
-    def __init__(self, in_channels, embed_dims, stride, conv=False, stem=False):
-        super().__init__()
-        self.stride = stride
-        if conv:
-            kernel, padding = (7, 2) if stem else (3, 1)
-        else:
-            kernel, padding = stride, 0
-        self.proj = nn.Conv2d(in_channels, embed_dims, kernel, stride=stride, padding=padding)
-        self.norm = LayerNormFP32(embed_dims)
-
-    def forward(self, x):
-        x = self.proj(pad_to_multiple(x, self.stride))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+    if conv:
+        kernel, padding = (7, 2) if stem else (3, 1)
+    else:
+        kernel, padding = stride, 0
+    return PatchEmbed(in_channels, embed_dims, kernel, stride, padding=padding)
 
 
 class FocalStage(nn.Module):
@@ -424,6 +416,17 @@ class FocalTransformer(EffBackbone):
                      drop_path_rate=0.5),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # tensors are selected by exact key ends (a substring match on
+    # relative_position_bias_table would also hit the 4-D neighbour and the pooled tables);
+    # index buffers come from this model; tables and fc pooling weights are resized when the
+    # window or the focal window differ
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_drop_suffixes = ('attn_mask', )
+    ckpt_own_leaves = ('relative_position_index', 'valid_ind_')
+    ckpt_resize_rules = (
+        (r'\.relative_position_bias_table$', 'bias_table'),
+        (r'\.relative_position_bias_table_to_windows\.\d+$', 'bias_table', dict(transposed=True)),
+        (r'\.pool_layers\.\d+\.weight$', 'pool_weights'))
 
     def __init__(self,
                  arch='tiny',
@@ -468,10 +471,11 @@ class FocalTransformer(EffBackbone):
         self.embed_dims = [int(arch['embed_dims']) * 2 ** i for i in range(num)]
         self.out_indices = out_indices
         self.with_cp = with_cp
-        self._num_stages = num
+        self.num_stages = num
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
-        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], 4, use_conv_embed, True)
+        self.patch_embed = focal_patch_embed(in_channels, self.embed_dims[0], 4, use_conv_embed,
+                                             stem=True)
         self.pos_drop = nn.Dropout(drop_rate)
         self.layers = nn.ModuleList()
         for i in range(num):
@@ -485,15 +489,11 @@ class FocalTransformer(EffBackbone):
                     attn_drop=attn_drop_rate, drop_path=dpr[start + j], mask_borders=mask_borders)
                 for j in range(depths[i])
             ]
-            down = (PatchEmbed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None)
+            down = focal_patch_embed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None
             self.layers.append(FocalStage(blocks, down))
         for i in out_indices:
             self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
         self._freeze_stages()
-
-    @property
-    def num_stages(self):
-        return self._num_stages
 
     def stage_modules(self, index):
         if index < 0:
@@ -512,57 +512,33 @@ class FocalTransformer(EffBackbone):
                     trunc_normal_(tab, std=.02)
 
     def convert_weights(self, state_dict):
-        """Official Focal Transformer (or OpenMMLab-saved) weights → this model.
+        """The declared conversion (``ckpt_*``), except for the ``…_to_neighbors`` tables.
 
-        Tensors are selected by exact key suffix (a substring match on
-        ``relative_position_bias_table`` would also hit the 4-D neighbour table and the
-        transposed pooled tables). Drops ``head.*``, ``norm.*`` and ``attn_mask``; takes index
-        buffers (``relative_position_index*``, ``valid_ind_*``) from this model; resizes
-        ``relative_position_bias_table`` (bicubic, ``(2w-1)²`` rows) and
-        ``relative_position_bias_table_to_windows.k`` (bicubic on its ``(h, side²)`` grid) and
-        fc ``pool_layers.k.weight`` (bicubic, sum kept) when the window or focal window differ;
-        a ``…_to_neighbors`` table that is missing (stage 4 of 224² checkpoints) or does not
-        fit keeps this model's initialisation (it has no 2-D offset structure to resize).
+        Those have no 2-D offset structure to resize: one that does not fit, or that the
+        checkpoint lacks (stage 4 of 224² checkpoints), keeps this model's initialisation.
         """
         own = self.state_dict()
-        out, fresh = {}, []
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')) or key.endswith('attn_mask'):
-                continue
-            leaf = key.rsplit('.', 1)[-1]
-            if leaf.startswith(('relative_position_index', 'valid_ind_')):
-                continue
-            target = own.get(key)
-            if target is not None and target.shape != value.shape:
-                if leaf == 'relative_position_bias_table' and value.shape[1] == target.shape[1]:
-                    value = resize_bias_table(value, target.shape[0], key)
-                elif ('.relative_position_bias_table_to_windows.' in key
-                      and value.shape[0] == target.shape[0]):
-                    value = resize_bias_table(value.t(), target.shape[1], key).t()
-                elif leaf == 'relative_position_bias_table_to_neighbors':
-                    fresh.append(key)
-                    continue
-                elif '.pool_layers.' in key and leaf == 'weight' and value.dim() == 2:
-                    # fc pooling weights over a side² sub-window: resized on the side×side
-                    # grid, rescaled so that they keep their sum (a mean stays a mean)
-                    rows = resize_bias_table(value.t(), target.shape[1], key).t()
-                    value = rows * (value.shape[1] / target.shape[1])
-            out[key] = value
+        misfit = [k for k, v in state_dict.items() if k.endswith(_NEIGHBOUR_TABLE)
+                  and k in own and own[k].shape != v.shape]
+        out = super().convert_weights({k: v for k, v in state_dict.items() if k not in misfit})
+        fresh = set(misfit)
         if any(k in own for k in out):
-            for k, v in own.items():
-                leaf = k.rsplit('.', 1)[-1]
-                if leaf.startswith(('relative_position_index', 'valid_ind_')):
-                    out[k] = v.clone()
-                elif leaf == 'relative_position_bias_table_to_neighbors' and k not in out:
-                    fresh.append(k)
+            fresh.update(k for k in own if k.endswith(_NEIGHBOUR_TABLE) and k not in out)
         if fresh:
             print_log(f'{type(self).__name__}: {len(fresh)} relative_position_bias_table_to_'
                       f'neighbors tables are not in the checkpoint (or do not fit) and keep '
-                      f'their random initialisation: {sorted(set(fresh))}', logger='current')
+                      f'their random initialisation: {sorted(fresh)}', logger='current')
         return out
 
+    def _resize_pool_weights(self, key, value, target):
+        """fc pooling weights over a ``side²`` sub-window: resized on the ``side×side`` grid and
+        rescaled so that they keep their sum (a mean stays a mean)."""
+        if value.dim() != 2:
+            return value
+        rows = resize_bias_table(value.t(), target.shape[1], key).t()
+        return rows * (value.shape[1] / target.shape[1])
+
     def forward(self, x):
-        b = x.shape[0]
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []
@@ -578,8 +554,10 @@ class FocalTransformer(EffBackbone):
                     x = blk(x, hw, cache[key])
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(out.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous())
+                outs.append(tokens_to_map(out, hw).contiguous())
             if layer.downsample is not None:
-                x = x.view(b, hw[0], hw[1], -1).permute(0, 3, 1, 2)
+                # the map as a channels-last view of the tokens: the conv's last-bit rounding
+                # depends on the input layout, so this is kept as it was
+                x = x.view(x.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2)
                 x, hw = layer.downsample(x)
         return tuple(outs)

@@ -5,15 +5,11 @@ from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
+from ...utils import map_to_tokens, tokens_to_map
 from ..layers.clamped_linear_attention import clamped_linear_attention
-from ..layers.norm import LayerNormFP32
-from ..layers.window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
+from ..layers import LayerNormFP32, PatchEmbed, WindowMSA
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
-
-
-def _tokens_to_map(x, hw_shape):
-    b, n, c = x.shape
-    return x.transpose(1, 2).reshape(b, c, *hw_shape)
 
 
 class CPE(nn.Module):
@@ -24,28 +20,7 @@ class CPE(nn.Module):
         self.proj = nn.Conv2d(dims, dims, kernel_size, padding=kernel_size // 2, groups=dims)
 
     def forward(self, x, hw_shape):
-        return x + self.proj(_tokens_to_map(x, hw_shape)).flatten(2).transpose(1, 2)
-
-
-class WindowAttention(nn.Module):
-    """Softmax attention inside non-overlapping windows; no position bias (sec. 3.1).
-
-    Position comes only from the CPEs, so this module has no window-size-bound parameters.
-    """
-
-    def __init__(self, dims, num_heads, qkv_bias=True):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dims // num_heads) ** -0.5
-        self.qkv = nn.Linear(dims, dims * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dims, dims)
-
-    def forward(self, x):
-        """Args: x ``(B_windows, N, C)``. Returns the same shape."""
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+        return x + map_to_tokens(self.proj(tokens_to_map(x, hw_shape)))[0]
 
 
 class LinearAttention(nn.Module):
@@ -83,8 +58,8 @@ class LCM(nn.Module):
         self.conv2 = nn.Conv2d(dims, dims, kernel_size, padding=pad, groups=dims)
 
     def forward(self, x, hw_shape):
-        x = self.conv2(self.bn(self.act(self.conv1(_tokens_to_map(x, hw_shape)))))
-        return x.flatten(2).transpose(1, 2)
+        x = self.conv2(self.bn(self.act(self.conv1(tokens_to_map(x, hw_shape)))))
+        return map_to_tokens(x)[0]
 
 
 class LWABlock(nn.Module):
@@ -100,7 +75,8 @@ class LWABlock(nn.Module):
         self.window_size = window_size
         self.cpe = nn.ModuleList([CPE(dims), CPE(dims)])
         self.norm1 = LayerNormFP32(dims)
-        self.attn = WindowAttention(dims, num_heads, qkv_bias)
+        # no relative position bias (position comes from the CPEs): no window-bound parameter
+        self.attn = WindowMSA(dims, num_heads, qkv_bias=qkv_bias)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = LayerNormFP32(dims)
         self.mlp = Mlp(dims, int(dims * mlp_ratio))
@@ -156,33 +132,6 @@ class ConvStem(nn.Module):
         return self.proj(x)
 
 
-class PatchEmbed(nn.Module):
-    """Stem (stride 4, LayerNorm after) or downsampling (LayerNorm before a 2×2/2 conv).
-
-    Inputs are zero-padded right/bottom to a multiple of the stride first (official), so every
-    output size is ``ceil(size / stride)``.
-    """
-
-    def __init__(self, in_channels, dims, stride, norm_cfg=dict(type='BN')):
-        super().__init__()
-        self.stride = stride
-        if stride == 4:
-            self.proj = ConvStem(in_channels, dims, norm_cfg)
-            self.norm = LayerNormFP32(dims)
-        else:
-            self.proj = nn.Conv2d(in_channels, dims, 2, stride=2)
-            self.norm = LayerNormFP32(in_channels)
-
-    def forward(self, x, hw_shape=None):
-        """Args: x image ``(B, C, H, W)`` (stem) or tokens ``(B, N, C)`` with ``hw_shape``."""
-        if x.dim() == 3:
-            x = _tokens_to_map(self.norm(x), hw_shape)
-        x = self.proj(pad_to_multiple(x, self.stride))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        x = x.flatten(2).transpose(1, 2)
-        return (self.norm(x) if self.stride == 4 else x), hw
-
-
 @register_model
 class L2ViT(EffBackbone):
     """L²ViT backbone (Zheng, "The Linear Attention Resurrection in Vision Transformer").
@@ -235,6 +184,9 @@ class L2ViT(EffBackbone):
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base', 'l2vit_tiny': 'tiny',
                     'l2vit_small': 'small', 'l2vit_base': 'base'}
+    # classifier norm/head dropped; the per-stage norm{i} start fresh
+    ckpt_strip_prefixes = ('module.', 'backbone.')
+    ckpt_drop_prefixes = ('head.', 'norm.')
     default_init_cfg = [
         dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
         dict(type='Kaiming', layer='Conv2d', mode='fan_out', nonlinearity='relu', bias=0.,
@@ -274,9 +226,11 @@ class L2ViT(EffBackbone):
         self.out_indices = out_indices
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
 
-        self.downsample_layers = nn.ModuleList([
-            PatchEmbed(in_channels if i == 0 else dims[i - 1], dims[i], 4 if i == 0 else 2,
-                       norm_cfg) for i in range(4)])
+        # stem: conv stem, LayerNorm after; downsampling: LayerNorm before a 2×2/2 conv; the
+        # input is zero-padded right/bottom to a multiple of the stride first (official)
+        self.downsample_layers = nn.ModuleList(
+            [PatchEmbed(in_channels, dims[0], 4, proj=ConvStem(in_channels, dims[0], norm_cfg))]
+            + [PatchEmbed(dims[i - 1], dims[i], 2, norm='before') for i in range(1, 4)])
         self.stages = nn.ModuleList()
         for i in range(4):
             start = sum(depths[:i])
@@ -291,10 +245,6 @@ class L2ViT(EffBackbone):
             self.add_module(f'norm{i}', LayerNormFP32(dims[i]))
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return 4
-
     def stage_modules(self, index):
         if index < 0:
             return [self.downsample_layers[0]]
@@ -302,19 +252,6 @@ class L2ViT(EffBackbone):
         if index > 0:
             mods.append(self.downsample_layers[index])
         return mods
-
-    def convert_weights(self, state_dict):
-        """Official L²ViT weights → this model: strip ``module.``/``backbone.``, drop the
-        classifier ``head.*`` and its ``norm.*`` (the per-stage ``norm{i}`` start fresh)."""
-        out = {}
-        for key, value in state_dict.items():
-            for prefix in ('module.', 'backbone.'):
-                if key.startswith(prefix):
-                    key = key[len(prefix):]
-            if key.startswith(('head.', 'norm.')):
-                continue
-            out[key] = value
-        return out
 
     def forward(self, x):
         outs = []
@@ -325,5 +262,5 @@ class L2ViT(EffBackbone):
                 x = blk(x, hw)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(out.transpose(1, 2).reshape(x.shape[0], -1, *hw).contiguous())
+                outs.append(tokens_to_map(out, hw).contiguous())
         return tuple(outs)

@@ -9,13 +9,12 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath, Mlp
 
 from ...registry import MODELS, register_model
-from ...utils import resize_token_grid, square_side, unknown_choice_error
-from ..layers import LayerNormFP32
+from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
+from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
 from ..layers.less_attention import LessAttention, VanillaAttention
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
-from .flatten_pvt import PatchEmbed
 
 _PVT = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
             sr_ratios=[8, 4, 2, 1])
@@ -116,57 +115,16 @@ class LaViT(EffBackbone):
     layers feed the diagonality-preserving loss (sec. 3.4); read it with :meth:`aux_losses`
     (the ``AuxLoss*`` detectors/segmentors add it to their loss dict as ``loss_diag``).
 
-    **Reconstruction** (the paper's Table 1 was not available; no code is public). "Same
-    network structure as PVT" (sec. 4.1); Fig. 1's per-stage position embedding and the k=s
-    downsampling convs (sec. 3.1) are PVT v1's, not v2's: widths ``[64, 128, 320, 512]``, heads
-    ``[1, 2, 5, 8]``, MLP ratios ``[8, 8, 4, 4]``, spatial reduction ``[8, 4, 2, 1]``, patch
-    embeddings ``(4, 2, 2, 2)``. LA layers only in stages 3-4, after one VA layer: a dense
-    stage-1/2 Ψ alone would be 9.8 M / 0.6 M parameters per layer and costs more MACs than the
-    Q·K it saves. ``small``/``base`` take PVT-S/PVT-M depths ``[3, 4, 6, 3]``/``[3, 4, 18, 3]``
-    (the base model "adopts PVT's base structure", sec. 4.3; Fig. 3b uses PVT-M's 18-layer
-    stage 3). PVT-T depths give 12.5 M / 1.87 G for ``tiny``, so ``tiny`` narrows stage 4 to 448
-    channels / 7 heads (a guess; sec. 4.1 names blocks, channels and heads as what the variants
-    change). All of it is constructor options (``arch`` dict with ``embed_dims``, ``depths``,
-    ``num_heads``, ``mlp_ratios``, ``sr_ratios``, ``num_va_layers``).
+    The architecture is a reconstruction (the paper's Table 1 is not available and no code is
+    public): PVT v1's layout (sec. 4.1), LA layers in stages 3-4 after one VA layer, PVT-S/M
+    depths for ``small``/``base``, a narrower stage 4 for ``tiny``; every choice is an option.
+    The reasoning, the parameter/MAC counts against the published ones and the other readings
+    of the text are in ``docs/lavit_notes.md``.
 
-    Counts at 224² with the ImageNet head (LayerNorm + Linear(C, 1000)), MACs of every
-    conv/linear/matmul (``tools/analysis/get_flops.py``' convention, which gives PVT v1's
-    published 13.2/24.5/44.2 M, 1.9/3.8/6.7 G for PVT-T/S/M):
-
-    ======  ===============  ===========================  ===============
-    arch    all parameters   without the dense Θ/Ψ        published
-    ======  ===============  ===========================  ===============
-    tiny    11.04 M  1.81 G  11.00 M  1.80 G              10.9 M  1.6 G
-    small   22.62 M  3.67 G  22.41 M  3.61 G              22.4 M  3.3 G
-    base    40.37 M  6.32 G  39.66 M  6.12 G              39.6 M  6.1 G
-    ======  ===============  ===========================  ===============
-
-    Θ/Ψ (tied to the 224² grid: 0.05 / 0.21 / 0.70 M parameters, 0.01 / 0.06 / 0.20 GMACs) are
-    counted above. Without them ``base`` matches both published numbers to 0.3 % and ``small``
-    its parameters to 0.1 %, which suggests the paper's counts leave Θ/Ψ out (or parameterise
-    them far smaller than N×N). What remains open are the MACs of ``small`` (+9 % without Θ/Ψ)
-    and ``tiny`` (+13 %). No reading the text supports closes them: LA in stage 2 too (its dense
-    Ψ, 0.6 M per layer, costs more than the Q·K it saves; even uncounted it removes 0.05 G), two
-    VA layers per stage (Table 7: LA from the second layer hurts; +0.7 M, +0.05 G), PVT v2's
-    layout (``small`` ≈ 23.3 M, 3.8 G), Θ/Ψ shared per stage (parameters only), a narrower
-    ``tiny`` stage 3 or stage 4 (-10 % parameters or more) all fit worse. Only unsupported
-    changes fit, e.g. MLP ratio 4 in stage 1 (``small`` 22.3 M / 3.30 G, ``tiny`` 10.9 M / 1.60 G
-    without Θ/Ψ), but it would break ``base``'s match (5.81 G), so it is not used.
-
-    Other readings (each an option): the matrix handed from layer to layer is the pre-softmax
-    score map (Fig. 1 taps it before the softmax); Θ/Ψ are shared by all heads; the AR residual
-    is added to the first VA layer's logits; L_DP acts on the LA layers' softmax maps, whose
-    query grid is average-pooled onto the key grid (:func:`square_maps`) so that symmetry and
-    diagonal are defined under spatial reduction (in ``'window'`` mode per window, padding
-    included).
-
-    **Any resolution** (``la_mode``): Θ/Ψ are ``N×N`` maps of the training grid.
-    ``'dense'`` is the paper's form: exact at ``pretrain_img_size`` and an error elsewhere.
-    ``'window'`` partitions every stage from the first LA stage on into non-overlapping
-    windows of the training grid (14×14 tokens in stage 3, 7×7 in stage 4 at 224², aligned
-    across stages), zero-pads the borders (padded keys are masked in every softmax), and runs
-    VA, LA and AR per window: the same weights, identical output at the training size, cost
-    linear in the image area. Stages before the first LA stage keep PVT's global SRA.
+    Any resolution (``la_mode``): Θ/Ψ are ``N×N`` maps of the training grid. ``'dense'`` is the
+    paper's form, exact at ``pretrain_img_size`` and an error elsewhere; ``'window'`` (default)
+    runs VA, LA and AR per window of the training grid from the first LA stage on (padded keys
+    masked): the same weights, identical output at the training size, cost linear in the area.
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (``t/s/b``) or a settings dict.
@@ -208,6 +166,10 @@ class LaViT(EffBackbone):
         'base': dict(_PVT, depths=[3, 4, 18, 3], num_va_layers=[3, 4, 1, 1]),
     }
     arch_aliases = {'t': 'tiny', 's': 'small', 'b': 'base'}
+    # position tables are resized; Θ/Ψ cannot be: a checkpoint trained at another size is
+    # rejected by the shape check of init_weights (keep pretrain_img_size, use la_mode='window')
+    ckpt_drop_prefixes = ('head.', 'norm.')
+    ckpt_resize_rules = ((r'^pos_embed\d+$', 'token_grid'), )
 
     def __init__(self, arch='tiny', in_channels=3, pretrain_img_size=224, patch_sizes=(4, 2, 2, 2),
                  la_mode='window', window_sizes=None, chain='previous', attn_residual=True,
@@ -244,7 +206,7 @@ class LaViT(EffBackbone):
         self.embed_dims, self.depths = list(arch['embed_dims']), list(arch['depths'])
         self.num_heads, self.sr_ratios = list(arch['num_heads']), list(arch['sr_ratios'])
         self.num_va_layers = list(arch['num_va_layers'])
-        self.out_indices, self._num_stages = out_indices, num
+        self.out_indices, self.num_stages = out_indices, num
         self.la_mode, self.chain, self.attn_residual = la_mode, chain, attn_residual
         self.patch_sizes = tuple(patch_sizes)
         first_la = next((i for i in range(num) if self.num_va_layers[i] < self.depths[i]), num)
@@ -298,10 +260,6 @@ class LaViT(EffBackbone):
         self._aux = {}
         self._freeze_stages()
 
-    @property
-    def num_stages(self):
-        return self._num_stages
-
     def stage_modules(self, index):
         if index < 0:
             return [self.patch_embed1, self.pos_embed1]
@@ -317,28 +275,6 @@ class LaViT(EffBackbone):
         for m in self.modules():
             if isinstance(m, LessAttention):
                 m.reset_transforms()
-
-    def convert_weights(self, state_dict):
-        """ImageNet LaViT weights → this backbone: drop the classifier, resize position tables.
-
-        ``head.*`` and the final ``norm.*`` are dropped; ``pos_embed{i}`` stored for another
-        (square) training size is resized bicubically. Θ/Ψ cannot be resized meaningfully: a
-        checkpoint trained at another size is rejected by the shape check of ``init_weights``;
-        keep ``pretrain_img_size`` at the classification size and use ``la_mode='window'``.
-        """
-        own = self.state_dict()
-        out = {}
-        for key, value in state_dict.items():
-            if key.startswith(('head.', 'norm.')):
-                continue
-            target = own.get(key)
-            if (key.startswith('pos_embed') and target is not None
-                    and target.shape != value.shape and value.dim() == 3):
-                side = square_side(value.shape[1], key)
-                value = resize_token_grid(value, (side, side),
-                                          self.pos_grids[int(key[len('pos_embed'):]) - 1])
-            out[key] = value
-        return out
 
     def aux_losses(self):
         """Auxiliary losses of the last training forward (``{'loss_diag': ...}``), then cleared."""
@@ -400,7 +336,6 @@ class LaViT(EffBackbone):
         return x, dict(scores=prev, q_hw=tuple(grid), k_hw=k_hw)
 
     def forward(self, x):
-        b = x.shape[0]
         # A stage's k=s=sr reduction conv needs >= sr tokens a side, i.e. inputs of at least
         # stride*sr pixels (32 for t/s/b): smaller ones are zero-padded at the bottom/right, as
         # mmdet/mmseg pad batches, and each output is cropped back to ceil(size / stride).
@@ -418,7 +353,7 @@ class LaViT(EffBackbone):
                                     mode='bilinear')
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             x, carry = self._stage(i, x, hw, carry, la_maps)
-            x = x.reshape(b, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+            x = tokens_to_map(x, hw).contiguous()
             if i in self.out_indices:
                 outs.append(x[..., :-(-in_hw[0] // strides[i]), :-(-in_hw[1] // strides[i])])
         self._aux = {}

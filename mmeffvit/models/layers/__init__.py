@@ -1,15 +1,17 @@
-from .clamped_linear_attention import clamped_linear_attention
-from .focused_linear_attention import (FocusedLinearAttention, focus_feature_map,
-                                       kv_first_linear_attention)
 from .attention_residual import AttentionResidualDownsample
+from .clamped_linear_attention import clamped_linear_attention
+from .focused_linear_attention import FocusedLinearAttention
 from .less_attention import LessAttention, VanillaAttention
 from .norm import LayerNormFP32
-from .spatial_reduction_attention import SpatialReductionAttention
+from .patch_embed import PatchEmbed
+from .pvt_block import FLattenPVTBlock
+from .relative_position import WindowMSA
+from .spatial_reduction_attention import SpatialReductionAttention, SpatialReductionMixin
 from .window import pad_to_multiple, pad_to_windows, window_partition, window_reverse
 
 __all__ = [
-    'FocusedLinearAttention', 'focus_feature_map', 'kv_first_linear_attention',
-    'SpatialReductionAttention', 'clamped_linear_attention', 'AttentionResidualDownsample',
-    'LessAttention', 'VanillaAttention',
-    'LayerNormFP32', 'pad_to_multiple', 'pad_to_windows', 'window_partition', 'window_reverse'
+    'AttentionResidualDownsample', 'FLattenPVTBlock', 'FocusedLinearAttention', 'LayerNormFP32',
+    'LessAttention', 'PatchEmbed', 'SpatialReductionAttention', 'SpatialReductionMixin',
+    'VanillaAttention', 'WindowMSA', 'clamped_linear_attention', 'pad_to_multiple',
+    'pad_to_windows', 'window_partition', 'window_reverse'
 ]

@@ -10,10 +10,10 @@ def clamped_linear_attention(q, k, v, temperature, min_denominator=100.):
 
     The global linear attention of L²ViT (Zheng, arXiv 2501.16182, sec. 3.2), in the "kv-first"
     order of the official ``forward``: the ``d×d`` state ``Σ_j φ(k_j) v_jᵀ`` is formed first, so
-    the cost is linear in the number of tokens. Unlike FLatten's :func:`kv_first_linear_attention`
-    the sums are **not** divided by the token count, and the normaliser is clamped from below
-    (``m = 100`` in every release): rows whose attention mass ``φ(q_i)·Σφ(k)`` is small are divided
-    by ``m`` instead of being normalised, so the regime depends on the resolution. This is kept
+    the cost is linear in the number of tokens. Unlike FLatten's mean-normalised form the sums
+    are **not** divided by the token count, and the normaliser is clamped from below (``m = 100``
+    in every release): rows whose attention mass ``φ(q_i)·Σφ(k)`` is small are divided by ``m``
+    instead of being normalised, so the regime depends on the resolution. This is kept
     exactly as released. All arithmetic runs in fp32 with autocast disabled, because the plain
     sums over ~10⁴-10⁵ detection tokens overflow fp16. The kernel is applied here; the attention
     itself runs :func:`mmeffvit.ops.linear_attention` (``normalizer='sum'``: the compiled

@@ -6,45 +6,7 @@ from mmengine.model import BaseModule
 
 from ... import ops
 from ...utils import resize_token_grid
-from .norm import LayerNormFP32
-
-
-def focus_feature_map(x, scale, focusing_factor=3, eps=1e-6):
-    """Focused kernel φ_p of FLatten (sec. 4.1, eq. 5-6), computed in fp32.
-
-    ``relu(x) + eps`` keeps every entry positive, a learnable per-channel ``softplus(scale)``
-    divides it, then ``f_p(t) = ||t|| * t**p / ||t**p||`` sharpens the direction while keeping the
-    norm. The norms run over **all** channels of a token (heads together), as the official code.
-    Runs the fused operator of :mod:`mmeffvit.ops` when it is built, else the PyTorch reference.
-
-    Args:
-        x (Tensor): ``(..., C)`` queries or keys, any float dtype.
-        scale (Tensor): ``(1, 1, C)`` raw scale parameter (softplus is applied here).
-        focusing_factor (float): The power p.
-        eps (float): Added after the ReLU.
-
-    Returns:
-        Tensor: fp32 (fp64 for fp64 input) tensor of the shape of ``x``.
-    """
-    return ops.focus_feature_map(x, scale, focusing_factor, eps)
-
-
-def kv_first_linear_attention(q, k, v, eps=1e-6):
-    """Linear attention ``o_i = Σ_j (q_i·k_j) v_j / (Σ_j q_i·k_j + n·eps)`` without an N×n matrix.
-
-    Uses the mean-normalised form of the official May 2024 fix: ``K^T V / n`` and
-    ``1 / (q·mean(k) + eps)``, which keeps every intermediate O(1) in size (the unnormalised sums
-    overflowed in fp16). Runs :func:`mmeffvit.ops.linear_attention` (``normalizer='mean'``).
-
-    Args:
-        q (Tensor): ``(B, h, N, d)`` mapped queries.
-        k (Tensor): ``(B, h, n, d)`` mapped keys.
-        v (Tensor): ``(B, h, n, d)`` values.
-
-    Returns:
-        Tensor: ``(B, h, N, d)``.
-    """
-    return ops.linear_attention(q, k, v, normalizer='mean', eps=eps)
+from .spatial_reduction_attention import SpatialReductionMixin
 
 
 def _check_tokens(name, tokens, grid, channels, batch=None, grid_name='hw_shape'):
@@ -63,7 +25,7 @@ def _check_tokens(name, tokens, grid, channels, batch=None, grid_name='hw_shape'
         raise ValueError(f'{name} has batch size {shape[0]}, q has {batch}')
 
 
-class FocusedLinearAttention(BaseModule):
+class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
     """Focused linear attention with depthwise-conv rank restoration (FLatten, sec. 4).
 
     ``O = φ_p(Q) (φ_p(K)^T V) / normaliser + DWC(V)`` followed by the output projection. The
@@ -140,7 +102,6 @@ class FocusedLinearAttention(BaseModule):
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
         self.focusing_factor = focusing_factor
-        self.sr_ratio = sr_ratio
         self.qkv_layout = qkv_layout
         self.pe_interpolation = pe_interpolation
 
@@ -149,9 +110,7 @@ class FocusedLinearAttention(BaseModule):
         elif qkv_layout == 'q_kv':
             self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
             self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
-        if sr_ratio > 1:
-            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = LayerNormFP32(embed_dims)
+        self.build_spatial_reduction(embed_dims, sr_ratio)
         if qkv_layout is not None:
             self.proj = nn.Linear(embed_dims, embed_dims)
             self.proj_drop = nn.Dropout(proj_drop)
@@ -173,16 +132,9 @@ class FocusedLinearAttention(BaseModule):
             q, k, v = self.qkv(x).chunk(3, dim=-1)
             return q, k, v, hw_shape
         q = self.q(x)
-        if self.sr_ratio > 1:
-            b, n, c = x.shape
-            grid = x.transpose(1, 2).reshape(b, c, *hw_shape)
-            grid = self.sr(grid)
-            kv_hw = grid.shape[-2:]
-            x = self.norm(grid.flatten(2).transpose(1, 2))
-        else:
-            kv_hw = hw_shape
+        x, kv_hw = self.reduce_tokens(x, hw_shape)
         k, v = self.kv(x).chunk(2, dim=-1)
-        return q, k, v, tuple(kv_hw)
+        return q, k, v, kv_hw
 
     def forward(self, x, hw_shape):
         """Args: x ``(B, H*W, C)`` tokens, hw_shape ``(H, W)``. Returns ``(B, H*W, C)``."""

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from .norm import LayerNormFP32
+from .spatial_reduction_attention import SpatialReductionMixin
 
 
 def masked_softmax(scores, key_mask=None):
@@ -17,26 +17,27 @@ def masked_softmax(scores, key_mask=None):
     return x.softmax(dim=-1).to(scores.dtype)
 
 
-class _ReducedValues(nn.Module):
-    """PVT's key/value source: the token grid reduced by a ``k=s=sr`` conv and a LayerNorm."""
+class _ScoreAttention(SpatialReductionMixin, nn.Module):
+    """What VA and LA layers share: PVT's key/value reduction, the heads, and the attention of
+    explicit scores, ``proj(softmax(A) V)``."""
 
-    def __init__(self, embed_dims, sr_ratio):
+    def __init__(self, embed_dims, num_heads, sr_ratio):
         super().__init__()
-        self.sr_ratio = sr_ratio
-        if sr_ratio > 1:
-            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = LayerNormFP32(embed_dims)
+        self.build_spatial_reduction(embed_dims, sr_ratio)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
 
-    def reduce(self, x, hw_shape):
-        """Returns the reduced tokens ``(B, Nk, C)`` and their grid."""
-        if self.sr_ratio == 1:
-            return x, tuple(hw_shape)
-        b, _, c = x.shape
-        grid = self.sr(x.transpose(1, 2).reshape(b, c, *hw_shape))
-        return self.norm(grid.flatten(2).transpose(1, 2)), tuple(grid.shape[-2:])
+    def attend(self, scores, v, key_mask):
+        """Scores ``(B, H, N, Nk)``, values ``(B, H, Nk, d)`` → output ``(B, N, H·d)`` and the
+        probabilities."""
+        b, h, n, _ = scores.shape
+        probs = masked_softmax(scores, key_mask)
+        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, h * v.shape[-1])
+        return self.proj_drop(self.proj(out)), probs
 
 
-class VanillaAttention(_ReducedValues):
+class VanillaAttention(_ScoreAttention):
     """VA layer attention: PVT spatial-reduction attention that exposes its scores (Eq. 4).
 
     Computes ``A = Q Kᵀ/√d (+ residual)`` explicitly (the scores are stored for the following
@@ -54,10 +55,7 @@ class VanillaAttention(_ReducedValues):
 
     def __init__(self, embed_dims, num_heads, sr_ratio=1, qkv_bias=True, attn_drop=0.,
                  proj_drop=0.):
-        super().__init__(embed_dims, sr_ratio)
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
-        self.num_heads = num_heads
+        super().__init__(embed_dims, num_heads, sr_ratio)
         self.scale = (embed_dims // num_heads) ** -0.5
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
@@ -75,17 +73,16 @@ class VanillaAttention(_ReducedValues):
         b, n, c = x.shape
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
-        kv_src, k_hw = self.reduce(x, hw_shape)
+        kv_src, k_hw = self.reduce_tokens(x, hw_shape)
         k, v = self.kv(kv_src).reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
         scores = (q * self.scale) @ k.transpose(-2, -1)
         if residual is not None:
             scores = scores + residual.to(scores.dtype)
-        probs = masked_softmax(scores, key_mask)
-        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out)), scores, probs, k_hw
+        out, probs = self.attend(scores, v, key_mask)
+        return out, scores, probs, k_hw
 
 
-class LessAttention(_ReducedValues):
+class LessAttention(_ScoreAttention):
     """LA layer attention: no Q·K; the previous scores are re-parameterised (Eq. 5).
 
     ``A^l = Ψ(Θ(A^{l-1})ᵀ)ᵀ`` with ``Θ``, ``Ψ`` linear layers over the token axes: ``Θ``
@@ -115,10 +112,7 @@ class LessAttention(_ReducedValues):
     def __init__(self, embed_dims, num_heads, num_queries, num_keys, sr_ratio=1, qkv_bias=True,
                  theta_bias=True, psi_bias=False, identity_init=True, attn_drop=0.,
                  proj_drop=0.):
-        super().__init__(embed_dims, sr_ratio)
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
-        self.num_heads = num_heads
+        super().__init__(embed_dims, num_heads, sr_ratio)
         self.num_queries, self.num_keys = num_queries, num_keys
         self.identity_init = identity_init
         self.theta = nn.Linear(num_keys, num_keys, bias=theta_bias)
@@ -158,8 +152,7 @@ class LessAttention(_ReducedValues):
         b, n, c = x.shape
         h = self.num_heads
         scores = self.transform(prev_scores)
-        v_src, k_hw = self.reduce(x, hw_shape)
+        v_src, k_hw = self.reduce_tokens(x, hw_shape)
         v = self.v(v_src).reshape(b, -1, h, c // h).transpose(1, 2)
-        probs = masked_softmax(scores, key_mask)
-        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out)), scores, probs, k_hw
+        out, probs = self.attend(scores, v, key_mask)
+        return out, scores, probs, k_hw

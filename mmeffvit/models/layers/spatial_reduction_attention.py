@@ -3,10 +3,35 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ...utils import map_to_tokens, tokens_to_map
 from .norm import LayerNormFP32
 
 
-class SpatialReductionAttention(BaseModule):
+class SpatialReductionMixin:
+    """PVT's key/value source (sec. 3.3): the token grid reduced by a ``k = s = sr_ratio`` conv
+    ``sr`` and a LayerNorm ``norm`` (none of it when ``sr_ratio == 1``).
+
+    A mixin of the attention modules (SRA, focused linear attention, LaViT's VA/LA layers)
+    rather than a submodule, so that the weights keep the official names ``attn.sr`` and
+    ``attn.norm``. Call :meth:`build_spatial_reduction` where the official module builds them
+    (the registration order is the state-dict order).
+    """
+
+    def build_spatial_reduction(self, embed_dims, sr_ratio):
+        self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = LayerNormFP32(embed_dims)
+
+    def reduce_tokens(self, x, hw_shape):
+        """Tokens ``(B, H*W, C)`` → reduced tokens ``(B, h*w, C)`` and their grid ``(h, w)``."""
+        if self.sr_ratio <= 1:
+            return x, tuple(hw_shape)
+        tokens, hw = map_to_tokens(self.sr(tokens_to_map(x, hw_shape)))
+        return self.norm(tokens), hw
+
+
+class SpatialReductionAttention(SpatialReductionMixin, BaseModule):
     """PVT's spatial-reduction attention (SRA), the ``'S'`` block type of FLatten-PVT.
 
     Keys and values come from the token grid reduced by a stride-``sr_ratio`` conv and a
@@ -30,13 +55,10 @@ class SpatialReductionAttention(BaseModule):
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
-        self.sr_ratio = sr_ratio
         self.attn_drop = attn_drop
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
-        if sr_ratio > 1:
-            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = LayerNormFP32(embed_dims)
+        self.build_spatial_reduction(embed_dims, sr_ratio)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -45,10 +67,8 @@ class SpatialReductionAttention(BaseModule):
         b, n, c = x.shape
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
-        if self.sr_ratio > 1:
-            grid = self.sr(x.transpose(1, 2).reshape(b, c, *hw_shape))
-            x = self.norm(grid.flatten(2).transpose(1, 2))
-        k, v = self.kv(x).reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
+        kv = self.kv(self.reduce_tokens(x, hw_shape)[0])
+        k, v = kv.reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))

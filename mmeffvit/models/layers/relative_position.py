@@ -1,0 +1,136 @@
+"""Relative position bias of windowed attention (Swin, Liu et al., ICCV 2021, sec. 3.2).
+
+The index of every (query, key) pair of a window into a learned table of relative offsets,
+the additive mask of shifted windows, the bicubic resize of a table to another window, and
+Swin's window multi-head self-attention that uses them (FLatten-Swin's ``'S'`` stages,
+L²ViT's local windows without the bias, the Focal Transformer's window table).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...utils import square_side
+
+
+#: additive logit given to key/query pairs of one shifted window that come from different
+#: regions of the map (Swin's value: negligible after the softmax, finite in fp16/bf16)
+SHIFT_MASK_VALUE = -100.0
+
+
+def relative_position_index(window, table_window=None):
+    """Index of every (query, key) pair of a ``window×window`` window into a bias table.
+
+    The table holds one row per relative offset ``(dy, dx)`` with ``|dy|, |dx| < table_window``,
+    row-major over ``(dy + W - 1, dx + W - 1)`` with ``W = table_window`` (Swin, sec. 3.2).
+    ``window < table_window`` addresses the central part of a larger table.
+
+    Returns:
+        LongTensor: ``(window², window²)``.
+    """
+    big = window if table_window is None else table_window
+    if window > big:
+        raise ValueError(f'window {window} is larger than the bias table window {big}')
+    ys, xs = torch.meshgrid(torch.arange(window), torch.arange(window), indexing='ij')
+    ys, xs = ys.flatten(), xs.flatten()
+    dy = ys[:, None] - ys[None, :] + big - 1
+    dx = xs[:, None] - xs[None, :] + big - 1
+    return dy * (2 * big - 1) + dx
+
+
+def shifted_window_mask(height, width, window, shift, device=None):
+    """Additive mask ``(num_windows, window², window²)`` of shifted-window attention.
+
+    After the cyclic shift by ``-shift`` of the padded ``height×width`` map, its last ``shift``
+    rows are the rows wrapped around from the top, which share the last row of windows with
+    rows from the bottom. Rows of the shifted map are labelled by strip (``[0, H-w)``,
+    ``[H-w, H-s)``, ``[H-s, H)``), columns likewise, and pairs of tokens whose (row, column)
+    labels differ get :data:`SHIFT_MASK_VALUE`.
+    """
+
+    def strips(size):
+        label = torch.zeros(size, dtype=torch.long, device=device)
+        label[size - window:] = 1
+        label[size - shift:] = 2
+        return label
+
+    region = strips(height)[:, None] * 3 + strips(width)[None, :]
+    region = region.view(height // window, window, width // window, window)
+    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)
+    differs = region[:, :, None] != region[:, None, :]
+    return differs.float() * SHIFT_MASK_VALUE
+
+
+class WindowMSA(nn.Module):
+    """Softmax self-attention inside windows with a relative position bias (Swin, sec. 3.2).
+
+    The ``'S'`` attention of FLatten-Swin, unchanged from Swin; without ``window_size`` the
+    plain window attention of L²ViT (no bias: its position cue comes from the CPEs, sec. 3.1).
+    Parameter and buffer names (``qkv``, ``proj``, ``relative_position_bias_table``,
+    ``relative_position_index``) are the official ones so the released checkpoints load.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads h.
+        window_size (int | None): Window side w the bias table is built for, ``(2w-1)² × h``;
+            None builds no table and adds no bias.
+        qkv_bias (bool): Bias of the fused q/k/v projection.
+        attn_drop (float): Dropout on the attention weights.
+        proj_drop (float): Dropout after the output projection.
+    """
+
+    def __init__(self, embed_dims, num_heads, window_size=None, qkv_bias=True, attn_drop=0.,
+                 proj_drop=0.):
+        super().__init__()
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.qk_scale = (embed_dims // num_heads) ** -0.5
+        if window_size is not None:
+            self.relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * window_size - 1) ** 2, num_heads))
+            self.register_buffer('relative_position_index', relative_position_index(window_size))
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def relative_bias(self, window):
+        """``(h, window², window²)`` bias for a window of side ``window`` (≤ the table's)."""
+        if window == self.window_size:
+            index = self.relative_position_index
+        else:
+            index = relative_position_index(window, self.window_size).to(
+                self.relative_position_bias_table.device)
+        bias = self.relative_position_bias_table[index.reshape(-1)]
+        return bias.reshape(window * window, window * window, -1).permute(2, 0, 1)
+
+    def forward(self, x, window=None, mask=None):
+        """Args: x ``(B·nW, w², C)`` window tokens of side ``window`` (for the bias); mask
+        ``(nW, w², w²)`` or None."""
+        bw, n, c = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(x).reshape(bw, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * self.qk_scale) @ k.transpose(-2, -1)
+        if self.window_size is not None:
+            attn = attn + self.relative_bias(window).unsqueeze(0)
+        if mask is not None:
+            nw = mask.shape[0]
+            attn = attn.view(bw // nw, nw, h, n, n) + mask[None, :, None].to(attn.dtype)
+            attn = attn.view(bw, h, n, n)
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(bw, n, c)
+        return self.proj_drop(self.proj(out))
+
+
+def resize_bias_table(table, rows, what='relative_position_bias_table'):
+    """Bicubic resize of a ``((2w-1)², h)`` relative bias table to ``rows`` = ``(2w'-1)²``.
+
+    Any square table works (Focal's pooled tables, whose sides need not be ``2w-1``); timm's
+    ``resize_rel_pos_bias_table_simple`` takes a window and assumes ``2w-1``. Runs in fp32.
+    """
+    src, dst = square_side(table.shape[0], what), square_side(rows, what)
+    grid = table.t().reshape(1, -1, src, src).float()
+    grid = F.interpolate(grid, size=(dst, dst), mode='bicubic', align_corners=False)
+    return grid.reshape(-1, dst * dst).t().contiguous().to(table.dtype)
