@@ -278,6 +278,8 @@ def rebuild_lga(attn, args, maps, output, block):
 
 
 def rebuild_swin(attn, args, maps, output, block):
+    if attn.window_size is None:  # the shared WindowMSA without a bias table is L²ViT's LWA
+        return rebuild_lwa(attn, args, maps, output, block)
     window = int(args['window'])
     height, width = maps.query_grid
     n_win = (ceil_div(height, window), ceil_div(width, window))
@@ -313,7 +315,7 @@ def stripe_lepe(attn, v, hw):
 REBUILD = {'FocusedLinearAttention': rebuild_flatten, 'LePEFocusedLinearAttention':
            rebuild_flatten, 'SpatialReductionAttention': rebuild_sra,
            'VanillaAttention': rebuild_lavit, 'LessAttention': rebuild_lavit,
-           'FocalAttention': rebuild_focal, 'WindowAttention': rebuild_lwa,
+           'FocalAttention': rebuild_focal,
            'LinearAttention': rebuild_lga, 'WindowMSA': rebuild_swin}
 
 

@@ -489,7 +489,10 @@ def _block_shift(block, grid):
 def swin_window_maps(attn, args, grid, block=None):
     """Swin's window attention ('S' stages of FLatten-Swin): softmax with the relative position
     bias inside windows of the padded map, cyclically shifted (odd blocks) with the shift mask;
-    drawn back at the tokens' unshifted positions."""
+    drawn back at the tokens' unshifted positions. The shared ``WindowMSA`` without a bias table
+    is L²ViT's LWA, drawn by :func:`l2vit_window_maps`."""
+    if attn.window_size is None:
+        return l2vit_window_maps(attn, args, grid, block)
     x = args['x'].double()
     window = int(args['window'])
     mask = args.get('mask')
@@ -551,7 +554,6 @@ HANDLERS = {
     'VanillaAttention': lavit_va_maps,
     'LessAttention': lavit_la_maps,
     'FocalAttention': focal_maps,
-    'WindowAttention': l2vit_window_maps,
     'LinearAttention': l2vit_global_maps,
     'WindowMSA': swin_window_maps,
     'LePEAttention': cswin_stripe_maps,
