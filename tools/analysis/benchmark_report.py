@@ -118,11 +118,11 @@ def _header(data, title, intro):
 def _method_lines(data):
     opts = data['options']
     isolated = opts['isolate'] == 'measurement'
+    unit = 'one per backbone, mode, shape and round' if isolated else 'one per backbone and round'
     return [
         '## Method', '',
-        'Every measurement runs in a child process of its own '
-        f"({'one per backbone, mode, shape and round' if isolated else 'one per backbone and round'}"
-        '), forked from a server that imported torch, mmdet and mmeffvit and ran nothing; rounds '
+        f'Every measurement runs in a child process of its own ({unit}), forked from a '
+        'server that imported torch, mmdet and mmeffvit and ran nothing; rounds '
         'go round-robin over the backbones, so a change of machine load hits them alike. '
         f"Each child runs {opts['warmup']} untimed warm-up step(s) at the main shape "
         f"({opts['sweep_warmup']} elsewhere) and {opts['reps']} timed one(s); min and median are "

@@ -277,8 +277,8 @@ def _synthetic_batch(scope, shape, batch):
         inputs.append(torch.from_numpy(image).permute(2, 0, 1).contiguous())
         if scope == 'mmseg':
             from mmseg.structures import SegDataSample
-            label = semantic_label((h, w), [(c, m.astype(bool)) for (c, _), m in
-                                             zip(instances, masks)]).astype(np.int64) - 1
+            visible = [(c, m.astype(bool)) for (c, _), m in zip(instances, masks)]
+            label = semantic_label((h, w), visible).astype(np.int64) - 1
             label[label < 0] = 255  # ADE's reduce_zero_label: unlabeled → ignore index
             sample = SegDataSample(metainfo=meta)
             sample.gt_sem_seg = PixelData(data=torch.from_numpy(label)[None])
