@@ -397,6 +397,8 @@ def describe(job, result):
         what = f"{result['macs'] / 1e9:.2f} GMACs"
     elif job['kind'] == 'machine':
         what = f"torch {result['torch']}, {result['threads']} threads"
+    elif job['kind'] == 'profile':
+        what = f"{result['warm_s']:.2f} s, {result['profiled_s']:.2f} s profiled"
     else:
         what = (f"{min(result['times']):.3f} s, alloc peak {result['alloc_peak'] / 2**20:.0f} "
                 f"MiB, peak RSS {result['rss_peak'] / 2**20:.0f} MiB")
@@ -412,9 +414,9 @@ def describe(job, result):
 
 # --- main ---------------------------------------------------------------------------------------
 
-def command_line(argv):
-    tool = osp.relpath(osp.abspath(__file__), REPO_ROOT)
-    return shlex.join(['python', tool] + list(argv))
+def command_line(argv, script=__file__):
+    """The command that reproduces this run, from the repository root."""
+    return shlex.join(['python', osp.relpath(osp.abspath(script), REPO_ROOT)] + list(argv))
 
 
 def measure(args, argv):

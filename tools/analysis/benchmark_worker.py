@@ -69,16 +69,20 @@ def _walk(nodes):
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
-    """Silence file descriptor 2: kineto prints start/stop lines there from C++ on every run."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+def _quiet(fd):
+    """Silence a file descriptor (2: kineto's start/stop lines, printed from C++ on every
+    profiled run; 1: the weight-initialisation log of the toolboxes)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(fd)
     try:
         with open(os.devnull, 'w') as null:
-            os.dup2(null.fileno(), 2)
+            os.dup2(null.fileno(), fd)
             yield
     finally:
-        os.dup2(saved, 2)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved, fd)
         os.close(saved)
 
 
@@ -89,7 +93,7 @@ def profiled_alloc_peak(fn):
     Blocks allocated before and freed during ``fn`` have no event (torch warns about them), so
     the peak can only be overestimated by them, never missed.
     """
-    with _quiet_stderr(), torch.profiler.profile(
+    with _quiet(2), torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     alloc = torch._C._profiler._EventType.Allocation
@@ -123,7 +127,8 @@ def build_case(case):
     torch.manual_seed(0)
     model = MODELS.build(copy.deepcopy(case['cfg']))
     if hasattr(model, 'init_weights'):
-        model.init_weights()
+        with _quiet(1):
+            model.init_weights()
     return model
 
 
@@ -349,8 +354,110 @@ def measure_detector(job, opts):
     return result
 
 
+# --- where the time goes (tools/analysis/profile_backbone.py) --------------------------------
+
+#: operators that make the host wait for a tensor's value (a device sync on a GPU)
+SYNC_OPS = ('aten::item', 'aten::is_nonzero', 'aten::_local_scalar_dense')
+#: operators that copy or rearrange memory rather than compute
+COPY_OPS = ('aten::copy_', 'aten::contiguous', 'aten::clone', 'aten::cat', 'aten::roll',
+            'aten::unfold', 'aten::gather', 'aten::index', 'aten::index_put_',
+            'aten::constant_pad_nd', 'aten::repeat', 'aten::im2col', 'aten::col2im',
+            'aten::masked_fill', 'aten::masked_fill_', 'aten::where')
+#: leaf GEMM kernels and the positions of their two matrix operands
+GEMM_OPERANDS = {'aten::mm': (0, 1), 'aten::addmm': (1, 2), 'aten::bmm': (0, 1),
+                 'aten::baddbmm': (1, 2)}
+
+
+def _gemm_macs(name, shapes):
+    """Multiply-adds of one GEMM kernel call from its recorded input shapes (None if unknown)."""
+    i, j = GEMM_OPERANDS[name]
+    try:
+        a, b = shapes[i], shapes[j]
+        batch = a[0] if len(a) == 3 else 1
+        return batch * a[-2] * a[-1] * b[-1]
+    except (IndexError, TypeError):
+        return None
+
+
+def _python_owner(node):
+    """``file(line): function`` of the innermost model-code frame above a profiler event.
+
+    Frames of torch itself, of the profiler and module ``__call__`` plumbing are skipped, so a
+    ``Linear`` is charged to the function that called it. The line is the function's ``def``.
+    """
+    parent = node.parent
+    while parent is not None:
+        name = parent.name
+        if str(parent.tag).endswith('PyCall') and not name.startswith(
+                ('torch/', 'nn.Module:', '<built-in', 'mmengine/', 'contextlib.py')):
+            return name
+        parent = parent.parent
+    return None
+
+
+def profile_step(job, opts):
+    """One warm-up step, then one step under ``torch.profiler`` (shapes and Python frames).
+
+    Returns operator totals (self CPU time, calls), host syncs, copies, GEMM sizes, and the
+    time of top-level operators charged to the Python function that issued them (backward
+    operators, issued by the autograd engine, to their ``*Backward`` node).
+    """
+    from collections import Counter, defaultdict
+    device, dtype = torch.device(opts['device']), getattr(torch, opts['dtype'])
+    model = build_case(job['case']).to(device)
+    model.train(job['mode'] == 'train')
+    x = torch.randn(1, 3, *job['shape'], generator=torch.Generator().manual_seed(0)).to(device)
+    step = _backbone_step(model, model, x, job['mode'], device, dtype)
+    warm = _time_once(step, device)
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    with _quiet(2), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+            with_stack=True) as prof:
+        step()
+    profiled = time.perf_counter() - t0
+    ops = defaultdict(lambda: [0, 0.0])  # name -> [calls, self µs]
+    gemm = dict(calls=0, us=0.0, macs=0, call_macs=[])
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        entry = ops[event.name]
+        entry[0] += 1
+        entry[1] += event.self_cpu_time_total
+        if event.name in GEMM_OPERANDS:
+            macs = _gemm_macs(event.name, event.input_shapes)
+            gemm['calls'] += 1
+            gemm['us'] += event.self_cpu_time_total
+            if macs:
+                gemm['macs'] += macs
+                gemm['call_macs'].append(macs)
+    owners, backward = Counter(), Counter()
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    stack = list(tree)
+    while stack:  # top-level operators: the first TorchOp on every path from a root
+        node = stack.pop()
+        if not str(node.tag).endswith('TorchOp'):
+            stack.extend(node.children)
+            continue
+        us = node.duration_time_ns / 1e3
+        if node.name.startswith('autograd::engine::evaluate_function: '):
+            backward[node.name.split(': ', 1)[1]] += us
+        else:
+            owners[_python_owner(node) or '(no Python frame)'] += us
+    calls = sorted(gemm.pop('call_macs'))
+    gemm.update(median_macs=calls[len(calls) // 2] if calls else 0,
+                small_calls=sum(m < 2 ** 20 for m in calls))
+    return dict(warm_s=warm, profiled_s=profiled,
+                total_us=sum(us for _, us in ops.values()),
+                ops=sorted(((n, c, us) for n, (c, us) in ops.items()), key=lambda o: -o[2]),
+                syncs={n: ops[n][0] for n in SYNC_OPS if n in ops},
+                copies={n: ops[n] for n in COPY_OPS if n in ops}, gemm=gemm,
+                owners=owners.most_common(25), backward=backward.most_common(15),
+                params=sum(p.numel() for p in model.parameters()))
+
+
 KINDS = dict(backbone=measure_backbone, gemm=measure_gemm, macs=count_macs,
-             machine=machine_info, detector=measure_detector)
+             machine=machine_info, detector=measure_detector, profile=profile_step)
 
 
 def run_jobs(conn, jobs, opts):
