@@ -200,3 +200,46 @@ def test_detector_mode(tmp_path):
     for cfg in configs:
         row = _row(md, cfg)
         assert float(row[2].split(' / ')[0]) > 0 and float(row[5].split(' / ')[0]) > 0
+
+
+def _load_profile_tool():
+    path = osp.join(REPO_ROOT, 'tools', 'analysis', 'profile_backbone.py')
+    spec = importlib.util.spec_from_file_location('profile_backbone_tool', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gemm_macs_from_recorded_shapes():
+    import benchmark_worker as worker  # on sys.path through the benchmark tool
+    assert worker._gemm_macs('aten::mm', [[64, 32], [32, 16]]) == 64 * 32 * 16
+    assert worker._gemm_macs('aten::addmm', [[16], [64, 32], [32, 16], [], []]) == 64 * 32 * 16
+    assert worker._gemm_macs('aten::bmm', [[8, 49, 32], [8, 32, 49]]) == 8 * 49 * 32 * 49
+    assert worker._gemm_macs('aten::baddbmm', [[8, 49, 49], [8, 49, 32], [8, 32, 49], [], []]) \
+        == 8 * 49 * 32 * 49
+    assert worker._gemm_macs('aten::mm', [[]]) is None
+
+
+def test_profile_report_keeps_the_hand_written_text(tmp_path):
+    tool = _load_profile_tool()
+    result = dict(warm_s=1.0, profiled_s=1.2, total_us=1000.0,
+                  ops=[['aten::addmm', 4, 600.0], ['aten::copy_', 10, 300.0],
+                       ['aten::item', 2, 100.0]],
+                  syncs={'aten::item': 2, 'aten::_local_scalar_dense': 2},
+                  copies={'aten::copy_': [10, 300.0]},
+                  gemm=dict(calls=4, us=600.0, macs=6e9, median_macs=1.5e9, small_calls=0),
+                  owners=[['mmeffvit/models/backbones/x.py(10): forward', 900.0]], backward=[])
+    data = dict(command='python tools/analysis/profile_backbone.py', date='today', shape=[64, 64],
+                threads=2, host={}, cases=['X'], modes=['infer'], results={'X': {'infer': result}})
+    out = tmp_path / 'profiles.md'
+    out.write_text(f'# Title\n\nintro\n\n{tool.START}\nold numbers\n{tool.END}\n\n## Diagnosis\n'
+                   'kept\n')
+    tool.write(data, str(out), top=10)
+    text = out.read_text()
+    assert text.startswith('# Title\n\nintro\n') and text.endswith('## Diagnosis\nkept\n')
+    assert 'old numbers' not in text
+    assert '| `aten::addmm` | 4 | 60.0 % |' in text
+    assert '`aten::_local_scalar_dense` ×2' in text
+    # 6 GMACs in 600 µs of GEMM kernels
+    assert '6.0 GMACs at 10000 GMAC/s inside them' in text
+    assert '| X | infer | `aten::addmm` 60.0 % | 60.0 % | 30.0 % | 2 | 16 |' in text
