@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter, defaultdict
 
 import numpy as np
 import torch
@@ -395,6 +396,47 @@ def _python_owner(node):
     return None
 
 
+def _memory_at_peak(tree):
+    """Bytes live at the allocator peak of a profiled step, by the code that allocated them.
+
+    Replays the allocation / free events (``profile_memory``) in time order; blocks allocated
+    before the step are not seen. Returns the peak and ``[(owner, bytes)]`` with the owner as in
+    the operator attribution (issuing Python function, or the backward node).
+    """
+    def walk(nodes):
+        for node in nodes:
+            yield node
+            yield from walk(node.children)
+    events = sorted((n for n in walk(tree) if str(n.tag).endswith('Allocation')),
+                    key=lambda n: n.start_time_ns)
+    live = peak = peak_index = 0
+    for i, node in enumerate(events):
+        live += node.extra_fields.alloc_size
+        if live > peak:
+            peak, peak_index = live, i
+    blocks = {}
+    for node in events[:peak_index + 1]:
+        size, ptr = node.extra_fields.alloc_size, node.extra_fields.ptr
+        if size > 0:
+            blocks[ptr] = (size, node)
+        else:
+            blocks.pop(ptr, None)
+    by_owner = defaultdict(int)
+    for size, node in blocks.values():
+        op = node.parent
+        while op is not None and not str(op.tag).endswith('TorchOp'):
+            op = op.parent
+        grad_fn = op
+        while grad_fn is not None and not grad_fn.name.startswith('autograd::engine'):
+            grad_fn = grad_fn.parent
+        if grad_fn is not None:
+            owner = 'backward: ' + grad_fn.name.split(': ', 1)[-1]
+        else:
+            owner = (_python_owner(op) if op is not None else None) or '(no Python frame)'
+        by_owner[f"{owner} [{op.name if op is not None else '?'}]"] += size
+    return peak, sorted(by_owner.items(), key=lambda kv: -kv[1])[:20]
+
+
 def profile_step(job, opts):
     """One warm-up step, then one step under ``torch.profiler`` (shapes and Python frames).
 
@@ -402,7 +444,6 @@ def profile_step(job, opts):
     time of top-level operators charged to the Python function that issued them (backward
     operators, issued by the autograd engine, to their ``*Backward`` node).
     """
-    from collections import Counter, defaultdict
     device, dtype = torch.device(opts['device']), getattr(torch, opts['dtype'])
     model = build_case(job['case']).to(device)
     model.train(job['mode'] == 'train')
@@ -413,7 +454,7 @@ def profile_step(job, opts):
     t0 = time.perf_counter()
     with _quiet(2), torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-            with_stack=True) as prof:
+            with_stack=True, profile_memory=bool(job.get('memory'))) as prof:
         step()
     profiled = time.perf_counter() - t0
     ops = defaultdict(lambda: [0, 0.0])  # name -> [calls, self µs]
@@ -444,6 +485,11 @@ def profile_step(job, opts):
             backward[node.name.split(': ', 1)[1]] += us
         else:
             owners[_python_owner(node) or '(no Python frame)'] += us
+    memory = None
+    if job.get('memory'):
+        peak, owners_at_peak = _memory_at_peak(tree)
+        static = _tensor_bytes(list(model.parameters()) + list(model.buffers()) + [x])
+        memory = dict(peak=peak, static=static, owners=owners_at_peak)
     calls = sorted(gemm.pop('call_macs'))
     gemm.update(median_macs=calls[len(calls) // 2] if calls else 0,
                 small_calls=sum(m < 2 ** 20 for m in calls))
@@ -452,7 +498,7 @@ def profile_step(job, opts):
                 ops=sorted(((n, c, us) for n, (c, us) in ops.items()), key=lambda o: -o[2]),
                 syncs={n: ops[n][0] for n in SYNC_OPS if n in ops},
                 copies={n: ops[n] for n in COPY_OPS if n in ops}, gemm=gemm,
-                owners=owners.most_common(25), backward=backward.most_common(15),
+                owners=owners.most_common(25), backward=backward.most_common(15), memory=memory,
                 params=sum(p.numel() for p in model.parameters()))
 
 

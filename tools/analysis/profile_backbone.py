@@ -13,6 +13,7 @@ The measured part of the report is written between the markers ``<!-- profiles:s
 
     python tools/analysis/profile_backbone.py                    # docs/profiles.md (minutes)
     python tools/analysis/profile_backbone.py --cases LaViT-T --shape 512 --out /tmp/p.md
+    python tools/analysis/profile_backbone.py --modes train --memory   # + memory at the peak
     python tools/analysis/profile_backbone.py --from-json docs/profiles/profiles.json
 """
 import argparse
@@ -41,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument('--modes', default='infer,train')
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--top', type=int, default=10, help='operators per table')
+    p.add_argument('--memory', action='store_true',
+                   help='also record allocations: what is live at the peak, by allocating code')
     p.add_argument('--timeout', type=float, default=3600.)
     p.add_argument('--out', default=osp.join(benchmark.REPO_ROOT, 'docs', 'profiles.md'))
     p.add_argument('--json', help='raw results (default: <out without .md>/profiles.json)')
@@ -58,7 +61,7 @@ def run(args, argv):
     opts = dict(device='cpu', dtype='float32', threads=args.threads)
     runner = benchmark.Runner(opts, args.timeout,
                               ['torch', 'numpy', 'mmeffvit', 'mmdet.models', 'benchmark_worker'])
-    jobs = [dict(kind='profile', name=n, shape=tuple(args.shape), mode=m,
+    jobs = [dict(kind='profile', name=n, shape=tuple(args.shape), mode=m, memory=args.memory,
                  case=dict(scope=benchmark.CASES[n][0], cfg=benchmark.CASES[n][1]))
             for n in args.case_names for m in args.modes]
     progress = benchmark.Progress([[j] for j in jobs])
@@ -115,6 +118,12 @@ def render_case(name, modes, top):
         if res.get('backward'):
             lines.append('- backward nodes: ' + '; '.join(
                 f'`{n}` {_pct(us, total)}' for n, us in res['backward'][:6]))
+        mem = res.get('memory')
+        if mem:
+            held = '; '.join(f'`{_short(o)}` {b / 2**20:.0f}' for o, b in mem['owners'][:8])
+            lines.append(f"- memory: torch allocations peak at {mem['peak'] / 2**20:.0f} MiB "
+                         f"above the {mem['static'] / 2**20:.0f} MiB of weights and input; "
+                         f'live at the peak, MiB by allocating code [operator]: {held}')
         lines.append('')
     return lines
 
