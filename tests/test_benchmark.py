@@ -115,6 +115,13 @@ def test_report_tables_from_known_numbers():
     assert sweep.rstrip(' |').endswith('1.00 | 1.00 | 1.00 | 0.00')
 
 
+def test_report_note():
+    data = _synthetic_data()
+    assert '**Note.**' not in report.render_markdown(data)
+    data['note'] = 'the machine was shared'
+    assert '**Note.** the machine was shared' in report.render_markdown(data)
+
+
 def test_report_marks_failures():
     data = _synthetic_data()
     data['measurements'][-1]['result'] = dict(error='RuntimeError: out of memory')

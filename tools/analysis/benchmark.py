@@ -169,6 +169,8 @@ def parse_args(argv=None):
     p.add_argument('--plot-dir', help='PNG plots and results.json (default: the report path '
                    'without .md)')
     p.add_argument('--from-json', help='render the report of an earlier run, measure nothing')
+    p.add_argument('--note', help='a remark printed under the machine description (e.g. that '
+                   'the machine was shared); with --from-json it replaces the stored one')
     args = p.parse_args(argv)
     args.dtype = DTYPES[args.dtype]
     quick = QUICK if args.quick else {}
@@ -478,8 +480,12 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json, encoding='utf-8') as f:
             data = json.load(f)
+        if args.note:
+            data['note'] = args.note
     else:
         data = measure(args, argv)
+        if args.note:
+            data['note'] = args.note
         os.makedirs(args.plot_dir, exist_ok=True)
         with open(osp.join(args.plot_dir, 'results.json'), 'w', encoding='utf-8') as f:
             json.dump(data, f, indent=1)

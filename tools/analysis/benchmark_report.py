@@ -112,6 +112,8 @@ def _header(data, title, intro):
     lines = [f'# {title}', '', intro, '', 'Command (from the repository root):', '',
              '    ' + data['command'], '']
     lines += _machine_lines(data)
+    if data.get('note'):
+        lines += ['', f"**Note.** {data['note']}"]
     return lines + ['']
 
 
