@@ -495,7 +495,8 @@ def profile_step(job, opts):
                 small_calls=sum(m < 2 ** 20 for m in calls))
     return dict(warm_s=warm, profiled_s=profiled,
                 total_us=sum(us for _, us in ops.values()),
-                ops=sorted(((n, c, us) for n, (c, us) in ops.items()), key=lambda o: -o[2]),
+                calls=sum(c for c, _ in ops.values()),
+                ops=sorted(((n, c, us) for n, (c, us) in ops.items()), key=lambda o: -o[2])[:60],
                 syncs={n: ops[n][0] for n in SYNC_OPS if n in ops},
                 copies={n: ops[n] for n in COPY_OPS if n in ops}, gemm=gemm,
                 owners=owners.most_common(25), backward=backward.most_common(15), memory=memory,

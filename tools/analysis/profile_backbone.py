@@ -65,13 +65,20 @@ def run(args, argv):
                  case=dict(scope=benchmark.CASES[n][0], cfg=benchmark.CASES[n][1]))
             for n in args.case_names for m in args.modes]
     progress = benchmark.Progress([[j] for j in jobs])
+    started = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
+    host = benchmark.host_info()
     results = {}
     for job in jobs:
         results.setdefault(job['name'], {})[job['mode']] = runner.run([job], progress.update)[0]
-    return dict(command=benchmark.command_line(argv, __file__),
-                date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-                shape=list(args.shape), threads=args.threads, host=benchmark.host_info(),
+    host['load_end'] = round(os.getloadavg()[0], 2)
+    return dict(command=benchmark.command_line(argv, __file__), date=started,
+                shape=list(args.shape), threads=args.threads, host=host,
                 cases=args.case_names, modes=args.modes, results=results)
+
+
+def _calls(res):
+    """Operator calls of a profiled step (older results kept every operator instead)."""
+    return res.get('calls', sum(c for _, c, _ in res['ops']))
 
 
 def _pct(part, total):
@@ -84,7 +91,7 @@ def _short(name):
 
 
 def render_case(name, modes, top):
-    lines = [f'### {name}', '']
+    lines = [f'#### {name}', '']
     for mode, res in modes.items():
         label = 'inference' if mode == 'infer' else 'training step'
         if 'error' in res:
@@ -95,7 +102,7 @@ def render_case(name, modes, top):
         copies = sum(us for _, us in res['copies'].values())
         lines += [
             f"**{label}**: {res['warm_s']:.2f} s unprofiled, {res['profiled_s']:.2f} s "
-            f"profiled, {sum(c for _, c, _ in res['ops'])} operator calls.", '',
+            f"profiled, {_calls(res)} operator calls.", '',
             '| operator | calls | self CPU share |', '|---|--:|--:|']
         lines += [f'| `{op}` | {calls} | {_pct(us, total)} |' for op, calls, us in
                   res['ops'][:top]]
@@ -143,21 +150,23 @@ def summary_table(data):
                 res['syncs'].values(), default=0)
             rows.append(f"| {name} | {mode} | `{op}` {_pct(us, total)} | "
                         f"{_pct(res['gemm']['us'], total)} | {_pct(copies, total)} | {syncs} | "
-                        f"{sum(c for _, c, _ in res['ops'])} |")
+                        f"{_calls(res)} |")
     return rows
 
 
 def render(data, top):
     h, w = data['shape']
     host = data['host']
+    load = (f"load average {host.get('load_start', '?')} at the start, {host['load_end']} at "
+            'the end' if 'load_end' in host else f"load average {host.get('load_start', '?')}")
     lines = [START, '', f"Measured {data['date']} on {host.get('cpu', '?')} "
-             f"({host.get('cores', '?')} cores, load average {host.get('load_start', '?')} at "
-             f"the start), {data['threads']} threads, input 1×3×{h}×{w}, fp32, with:", '',
+             f"({host.get('cores', '?')} cores, {load}), {data['threads']} thread(s), input "
+             f'1×3×{h}×{w}, fp32, with:', '',
              '    ' + data['command'], '',
              'Shares are of the summed self CPU time of all operators in the profiled step. '
              'Host syncs count `_local_scalar_dense`, the call under every `item` / '
-             '`is_nonzero`.', '', '## Summary', '']
-    lines += summary_table(data) + ['', '## Per backbone', '']
+             '`is_nonzero`.', '', '### Summary', '']
+    lines += summary_table(data) + ['', '### Per backbone', '']
     for name in data['cases']:
         lines += render_case(name, data['results'].get(name, {}), top)
     return lines + [END]
