@@ -1,0 +1,390 @@
+"""Tables, exponent fits and plots of ``tools/analysis/benchmark.py`` results.
+
+Works on the JSON the benchmark writes (``results.json``), so a report can be rendered again
+without measuring (``benchmark.py --from-json``). Nothing here imports torch.
+"""
+import math
+import os.path as osp
+import statistics
+from collections import defaultdict
+
+import numpy as np
+
+MIB = 2 ** 20
+
+
+def fit_exponent(pixels, values):
+    """Slope ``b`` of ``log(value) = a + b·log(pixels)`` by least squares (NaN if undefined).
+
+    ``value ∝ pixels^b``: 1 is linear in the image area, 2 quadratic (global softmax attention).
+    """
+    pts = [(p, v) for p, v in zip(pixels, values)
+           if v is not None and p > 0 and v > 0 and math.isfinite(v)]
+    if len({p for p, _ in pts}) < 2:
+        return float('nan')
+    x = np.log([p for p, _ in pts])
+    y = np.log([v for _, v in pts])
+    slope, _ = np.polyfit(x, y, 1)
+    return float(slope)
+
+
+def shape_label(shape):
+    h, w = shape
+    return f'{h}²' if h == w else f'{h}×{w}'
+
+
+def summarise(measurements):
+    """``{(case, (h, w), mode): stats}`` over all rounds of backbone / detector measurements.
+
+    ``stats``: every timed value, min and median seconds; the largest allocator and RSS peak of
+    the rounds; params; and the error texts of failed rounds.
+    """
+    groups = defaultdict(list)
+    for m in measurements:
+        groups[(m['name'], tuple(m['shape']), m['mode'])].append(m['result'])
+    out = {}
+    for key, results in groups.items():
+        ok = [r for r in results if 'error' not in r]
+        times = [t for r in ok for t in r['times']]
+        out[key] = dict(
+            times=times, rounds=len(ok),
+            min=min(times) if times else None,
+            median=statistics.median(times) if times else None,
+            alloc_peak=max((r['alloc_peak'] for r in ok), default=None),
+            rss_peak=max((r['rss_peak'] for r in ok), default=None),
+            params=ok[0]['params'] if ok else None,
+            errors=sorted({r['error'] for r in results if 'error' in r}))
+    return out
+
+
+def gemm_rate(gemm):
+    """Best and median GMAC/s of the GEMM measurements of one dtype over all rounds."""
+    ok = [g['result'] for g in gemm if 'error' not in g['result']]
+    if not ok:
+        return None
+    macs = ok[0]['macs']
+    times = [t for r in ok for t in r['times']]
+    return dict(best=macs / min(times) / 1e9, median=macs / statistics.median(times) / 1e9,
+                n=gemm[0]['n'], samples=len(times))
+
+
+def _fmt(value, digits=2, scale=1.0):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return '–'
+    text = f'{value / scale:.{digits}f}'
+    return text[1:] if text.startswith('-') and float(text) == 0 else text  # no '-0.00'
+
+
+def _ratio(value, ref):
+    if value is None or not ref:
+        return '–'
+    return f'{value / ref:.2f}×'
+
+
+def _md_table(header, rows, align=None):
+    align = align or ['---'] + ['--:'] * (len(header) - 1)
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(align) + '|']
+    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return lines
+
+
+def _machine_lines(data):
+    mach = data['machine']
+    lines = [f"- CPU: {mach.get('cpu', '?')}; {mach.get('cores', '?')} logical cores "
+             f"({mach.get('affinity', '?')} usable by this process), "
+             f"{mach.get('memory_gib', '?')} GiB memory"]
+    if 'gpu' in mach:
+        lines.append(f"- GPU: {mach['gpu']} (CUDA {mach.get('cuda', '?')})")
+    lines.append(f"- threads: {mach.get('threads', '?')}; device {data['options']['device']}, "
+                 f"dtype {data['options']['dtype']}"
+                 f"{', torch.compile' if data['options'].get('compile') else ''}")
+    lines.append(f"- torch {mach.get('torch', '?')}, mmengine {mach.get('mmengine', '?')}, "
+                 f"mmcv {mach.get('mmcv', '?')}, mmdet {mach.get('mmdet', '?')}, "
+                 f"Python {mach.get('python', '?')}; mmeffvit compiled ops: "
+                 f"{mach.get('mmeffvit_ops', '?')}")
+    lines.append(f"- date: {data['date']}; run took {data.get('elapsed_s', 0) / 60:.1f} min; "
+                 f"load average (1 min) {mach.get('load_start', '?')} at the start, "
+                 f"{mach.get('load_end', '?')} at the end")
+    return lines
+
+
+def _header(data, title, intro):
+    lines = [f'# {title}', '', intro, '', 'Command (from the repository root):', '',
+             '    ' + data['command'], '']
+    lines += _machine_lines(data)
+    if data.get('note'):
+        lines += ['', f"**Note.** {data['note']}"]
+    return lines + ['']
+
+
+def _method_lines(data):
+    opts = data['options']
+    isolated = opts['isolate'] == 'measurement'
+    unit = 'one per backbone, mode, shape and round' if isolated else 'one per backbone and round'
+    return [
+        '## Method', '',
+        f'Every measurement runs in a child process of its own ({unit}), forked from a '
+        'server that imported torch, mmdet and mmeffvit and ran nothing; rounds '
+        'go round-robin over the backbones, so a change of machine load hits them alike. '
+        f"Each child runs {opts['warmup']} untimed warm-up step(s) at the main shape "
+        f"({opts['sweep_warmup']} elsewhere) and {opts['reps']} timed one(s); min and median are "
+        'over all rounds. Input: one image `1×3×H×W`, random, the same for every backbone. '
+        '*Inference*: eval mode, `torch.no_grad()`. *Training step*: train mode, forward, sum of '
+        'all outputs (plus the auxiliary losses a backbone computes in training, LaViT\'s L_DP), '
+        'backward; no optimiser. Backbones are built with their detection-config arguments '
+        '(drop path included), random weights.', '',
+        '*alloc peak*: the most memory torch\'s allocator held during one step, weights and input '
+        'included (CPU: profiler memory events of the first warm-up step; CUDA: '
+        '`max_memory_allocated`); BLAS/oneDNN scratch buffers are not torch allocations. '
+        '*peak RSS*: `ru_maxrss` of the child'
+        + ('' if isolated else ' (high-water mark of a child that ran several measurements)')
+        + '. *GMACs*: forward multiply-adds counted by mmeffvit\'s complexity module (one MAC = '
+        'one multiply-add, the number papers call FLOPs); *GMAC/s* = GMACs / inference min '
+        'time, next to the rate of an fp32 `n×n` GEMM measured in the same run with the same '
+        'threads. *×peer*: ratio to the softmax backbone of mmdet that users would otherwise '
+        'pick (lower is better).', '']
+
+
+def backbone_tables(data):
+    """Markdown lines: main-shape tables (speed, memory) and the resolution sweep."""
+    stats = summarise(data['measurements'])
+    cases = data['cases']
+    peers = {c['name']: c.get('peer') for c in cases}
+    main = tuple(data['main_shape'])
+    macs = data.get('macs', {})
+    gemm = gemm_rate(data.get('gemm', {}).get('float32', []))
+    lines = [f'## {shape_label(main)}', '']
+    if gemm:
+        lines += [f"fp32 GEMM ({gemm['n']}×{gemm['n']}, {gemm['samples']} runs): "
+                  f"**{gemm['best']:.1f} GMAC/s** best, {gemm['median']:.1f} median.", '']
+    for dtype, runs in data.get('gemm', {}).items():
+        rate = gemm_rate(runs)
+        if dtype != 'float32' and rate:
+            lines += [f"{dtype} GEMM: {rate['best']:.1f} GMAC/s best, "
+                      f"{rate['median']:.1f} median.", '']
+
+    def get(name, mode, field, shape=main):
+        return stats.get((name, shape, mode), {}).get(field)
+
+    rows = []
+    for c in cases:
+        name, peer = c['name'], peers[c['name']]
+        gmacs = macs.get(name, {}).get('macs')
+        gmacs = gmacs / 1e9 if gmacs else None
+        t_inf, t_train = get(name, 'infer', 'min'), get(name, 'train', 'min')
+        rate = gmacs / t_inf if gmacs and t_inf else None
+        params = get(name, 'infer', 'params') or get(name, 'train', 'params')
+        rows.append([
+            name + (' (softmax)' if c.get('softmax') else ''), peer or '–',
+            _fmt(params, 2, 1e6), _fmt(gmacs, 1),
+            f"{_fmt(t_inf, 3)} / {_fmt(get(name, 'infer', 'median'), 3)}",
+            f"{_fmt(t_train, 3)} / {_fmt(get(name, 'train', 'median'), 3)}",
+            _fmt(rate, 1), f'{100 * rate / gemm["best"]:.0f} %' if rate and gemm else '–',
+            _ratio(t_inf, get(peer, 'infer', 'min')) if peer else '–',
+            _ratio(t_train, get(peer, 'train', 'min')) if peer else '–'])
+    lines += ['### Speed', '']
+    lines += _md_table(['backbone', 'peer', 'params M', 'GMACs', 'inference s min / median',
+                        'train step s min / median', 'GMAC/s', '% of GEMM', 'inference ×peer',
+                        'train ×peer'], rows, ['---', '---'] + ['--:'] * 8)
+    rows = []
+    for c in cases:
+        name, peer = c['name'], peers[c['name']]
+        a_inf, a_tr = get(name, 'infer', 'alloc_peak'), get(name, 'train', 'alloc_peak')
+        r_inf, r_tr = get(name, 'infer', 'rss_peak'), get(name, 'train', 'rss_peak')
+        rows.append([name, _fmt(a_inf, 0, MIB), _fmt(r_inf, 0, MIB), _fmt(a_tr, 0, MIB),
+                     _fmt(r_tr, 0, MIB),
+                     _ratio(a_tr, get(peer, 'train', 'alloc_peak')) if peer else '–',
+                     _ratio(r_tr, get(peer, 'train', 'rss_peak')) if peer else '–'])
+    lines += ['', '### Memory (MiB)', '']
+    lines += _md_table(['backbone', 'inference alloc peak', 'inference peak RSS',
+                        'train alloc peak', 'train peak RSS', 'train alloc ×peer',
+                        'train RSS ×peer'], rows)
+    lines += [''] + sweep_tables(data, stats)
+    lines += error_lines(data, stats)
+    return lines
+
+
+def sweep_fits(data, stats=None):
+    """``{case: {quantity: exponent}}`` over the sweep shapes (see :func:`fit_exponent`)."""
+    stats = stats or summarise(data['measurements'])
+    shapes = [tuple(s) for s in data['shapes']]
+    pixels = [h * w for h, w in shapes]
+    quantities = dict(infer_time=('infer', 'min'), train_time=('train', 'min'),
+                      train_alloc=('train', 'alloc_peak'), train_rss=('train', 'rss_peak'))
+    fits = {}
+    for c in data['cases']:
+        fits[c['name']] = {
+            q: fit_exponent(pixels, [stats.get((c['name'], s, mode), {}).get(field)
+                                     for s in shapes])
+            for q, (mode, field) in quantities.items()}
+    return fits
+
+
+def sweep_tables(data, stats):
+    shapes = [tuple(s) for s in data['shapes']]
+    if len(shapes) < 2:
+        return []
+    fits = sweep_fits(data, stats)
+    labels = [shape_label(s) for s in shapes]
+    lines = ['## Resolution sweep', '',
+             'Exponent *b* of a least-squares fit `value ∝ pixels^b` on log-log axes over '
+             f"{', '.join(labels)} (1 = linear in the image area, 2 = quadratic). Times are the "
+             'min over rounds.', '']
+    rows = []
+    for c in data['cases']:
+        name = c['name']
+        cells = [_fmt(stats.get((name, s, 'train'), {}).get('min'), 2) for s in shapes]
+        cells += [_fmt(stats.get((name, s, 'train'), {}).get('alloc_peak'), 0, MIB)
+                  for s in shapes]
+        f = fits[name]
+        cells += [_fmt(f['infer_time']), _fmt(f['train_time']), _fmt(f['train_alloc']),
+                  _fmt(f['train_rss'])]
+        rows.append([name] + cells)
+    header = (['backbone'] + [f'train s {lb}' for lb in labels]
+              + [f'train alloc MiB {lb}' for lb in labels]
+              + ['b inference time', 'b train time', 'b train alloc', 'b train RSS'])
+    lines += _md_table(header, rows)
+    rows = []
+    for c in data['cases']:
+        rows.append([c['name']] + [
+            _fmt(stats.get((c['name'], s, 'infer'), {}).get('min'), 3) for s in shapes] + [
+            _fmt(stats.get((c['name'], s, 'train'), {}).get('rss_peak'), 0, MIB)
+            for s in shapes])
+    lines += ['']
+    lines += _md_table(['backbone'] + [f'inference s {lb}' for lb in labels]
+                       + [f'train peak RSS MiB {lb}' for lb in labels], rows)
+    return lines + ['']
+
+
+def error_lines(data, stats):
+    errors = [(k, s['errors']) for k, s in sorted(stats.items()) if s['errors']]
+    unsupported = {k: v['unsupported_ops'] for k, v in data.get('macs', {}).items()
+                   if v.get('unsupported_ops')}
+    macs_errors = {k: v['error'] for k, v in data.get('macs', {}).items() if 'error' in v}
+    if not (errors or unsupported or macs_errors):
+        return []
+    lines = ['## Failures and caveats', '']
+    for (name, shape, mode), errs in errors:
+        lines.append(f'- {name} {shape_label(shape)} {mode}: ' + '; '.join(errs))
+    for name, err in macs_errors.items():
+        lines.append(f'- {name}: MACs not counted ({err})')
+    for name, ops in unsupported.items():
+        lines.append(f'- {name}: operators the MAC counter does not know (not counted): '
+                     + ', '.join(f'{op} ×{n}' for op, n in sorted(ops.items())))
+    return lines + ['']
+
+
+def detector_tables(data):
+    stats = summarise(data['measurements'])
+    batch = data['options']['batch']
+    rows = []
+    for c in data['cases']:
+        name, shape = c['name'], tuple(data['main_shape'])
+        cells = [name, _fmt((stats.get((name, shape, 'test'), {}) or
+                             stats.get((name, shape, 'train'), {})).get('params'), 2, 1e6)]
+        for mode in ('test', 'train'):
+            s = stats.get((name, shape, mode), {})
+            best = batch / s['min'] if s.get('min') else None
+            med = batch / s['median'] if s.get('median') else None
+            cells += [f'{_fmt(best, 2)} / {_fmt(med, 2)}', _fmt(s.get('alloc_peak'), 0, MIB),
+                      _fmt(s.get('rss_peak'), 0, MIB)]
+        rows.append(cells)
+    lines = [f"## {shape_label(data['main_shape'])}, batch {batch}", '']
+    lines += _md_table(['config', 'params M', 'test_step img/s best / median',
+                        'test alloc peak MiB', 'test peak RSS MiB',
+                        'train_step img/s best / median', 'train alloc peak MiB',
+                        'train peak RSS MiB'], rows)
+    return lines + [''] + error_lines(data, stats)
+
+
+def render_markdown(data, plot_files=()):
+    if data['options'].get('configs'):
+        opts = data['options']
+        lines = _header(data, 'Detector / segmentor benchmark',
+                        'Images per second of whole models built from their configs (with '
+                        'mmeffvit registered), measured in one run by '
+                        '`tools/analysis/benchmark.py --config`.')
+        lines += [
+            '## Method', '',
+            '`model.test_step` (eval, no grad, post-processing included) and '
+            '`model.train_step` (losses, backward, one update by the optim_wrapper of the '
+            'config) on one synthetic batch of shapes images (mmeffvit.datasets.shapes, resized '
+            'to the input size) with their boxes and masks or label maps. Random weights: a '
+            'detector keeps up to its `max_per_img` boxes, so test-time post-processing is at '
+            'its most expensive. SyncBN is reverted to BatchNorm (one process). Each '
+            f"measurement runs in a child process of its own, {opts['warmup']} warm-up and "
+            f"{opts['reps']} timed step(s) per child, {opts['rounds']} round(s) interleaved "
+            'over the configs; img/s = batch / seconds (best = min time). Memory as in the '
+            'backbone report (allocator peak from profiler memory events on CPU, '
+            '`max_memory_allocated` on CUDA; peak RSS of the child).', '']
+        return '\n'.join(lines + detector_tables(data)) + '\n'
+    lines = _header(data, 'Backbone benchmark: mmeffvit vs the softmax backbones of mmdet',
+                    'What each mmeffvit family costs next to the softmax backbone a user of '
+                    'mmdet would otherwise pick, on the same input and threads, measured in one '
+                    'run by `tools/analysis/benchmark.py`.')
+    lines += _method_lines(data) + backbone_tables(data)
+    for path in plot_files:
+        lines += [f'![{osp.splitext(osp.basename(path))[0]}]({path})', '']
+    return '\n'.join(lines) + '\n'
+
+
+def plot_sweep(data, plot_dir, rel_to):
+    """``latency.png`` and ``memory.png`` in ``plot_dir``; returns paths relative to ``rel_to``."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    stats = summarise(data['measurements'])
+    shapes = sorted((tuple(s) for s in data['shapes']), key=lambda s: s[0] * s[1])
+    mpix = [h * w / 1e6 for h, w in shapes]
+    fits = sweep_fits(data, stats)
+    # mmeffvit cases: distinct colours, solid; softmax peers: greys, dashed, square markers
+    colours, n_own, n_peer = {}, 0, 0
+    for c in data['cases']:
+        if c.get('softmax'):
+            colours[c['name']] = str(0.1 + 0.15 * (n_peer % 5))
+            n_peer += 1
+        else:
+            colours[c['name']] = plt.get_cmap('tab10')(n_own % 10)
+            n_own += 1
+    figures = dict(
+        latency=[('inference', 'infer', 'min', 1.0, 'seconds', 'infer_time'),
+                 ('training step', 'train', 'min', 1.0, 'seconds', 'train_time')],
+        memory=[('training step: allocator peak', 'train', 'alloc_peak', MIB, 'MiB',
+                 'train_alloc'),
+                ('training step: peak RSS', 'train', 'rss_peak', MIB, 'MiB', 'train_rss')])
+    paths = []
+    for fig_name, panels in figures.items():
+        fig, axes = plt.subplots(1, len(panels), figsize=(15, 6.5))
+        for ax, (title, mode, field, scale, unit, fit_key) in zip(axes, panels):
+            for c in data['cases']:
+                pts = [(p, stats.get((c['name'], s, mode), {}).get(field))
+                       for p, s in zip(mpix, shapes)]
+                pts = [(p, v / scale) for p, v in pts if v]
+                if not pts:
+                    continue
+                b = fits[c['name']][fit_key]
+                ax.plot(*zip(*pts), color=colours[c['name']], linestyle='--' if c.get('softmax')
+                        else '-', marker='s' if c.get('softmax') else 'o', markersize=4,
+                        linewidth=1.6,
+                        label=f"{c['name']} (b={b:.2f})" if math.isfinite(b) else c['name'])
+            ax.set_xscale('log')
+            ax.set_yscale('log')
+            ax.set_xticks(mpix)
+            ax.set_xticklabels([shape_label(s) for s in shapes])
+            ax.minorticks_off()
+            ax.set_xlabel('input (log pixels)')
+            ax.set_ylabel(f'{unit} (log)')
+            ax.set_title(title)
+            ax.grid(True, which='major', alpha=0.3)
+            if ax.lines:
+                ax.legend(loc='upper left', fontsize=7, title_fontsize=7,
+                          title='dashed: softmax (mmdet); b: fitted exponent')
+        opts = data['options']
+        fig.suptitle(f"{fig_name} vs input size, batch 1, {opts['device']} {opts['dtype']}, "
+                     f"{data['machine'].get('threads', '?')} threads")
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        path = osp.join(plot_dir, f'{fig_name}.png')
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(osp.relpath(path, rel_to))
+    return paths
