@@ -2,3 +2,4 @@ from .backbones import *  # noqa: F401,F403
 from .layers import *  # noqa: F401,F403
 from .losses import *  # noqa: F401,F403
 from .detectors import *  # noqa: F401,F403
+from .heads import *  # noqa: F401,F403
