@@ -190,7 +190,7 @@ class EffBackbone(BaseModule):
     #: classification head go in mmpretrain's ``ImageClassifier`` (and mmeffvit's timm models)
     ckpt_cls_head_prefixes = (('head.', 'head.fc.'), )
 
-    def _strip_prefixes(self, key):
+    def strip_ckpt_prefixes(self, key):
         for prefix in self.ckpt_strip_prefixes:
             if key.startswith(prefix):
                 key = key[len(prefix):]
@@ -208,7 +208,7 @@ class EffBackbone(BaseModule):
         own = self.state_dict()
         out = {}
         for key, value in state_dict.items():
-            key = self._strip_prefixes(key)
+            key = self.strip_ckpt_prefixes(key)
             if ((key.startswith(self.ckpt_drop_prefixes) and key not in own)
                     or key.endswith(self.ckpt_drop_suffixes) or self._own_leaf(key)):
                 continue
@@ -232,7 +232,7 @@ class EffBackbone(BaseModule):
         """
         head, rest = {}, {}
         for key, value in state_dict.items():
-            key = self._strip_prefixes(key)
+            key = self.strip_ckpt_prefixes(key)
             for source, target in self.ckpt_cls_head_prefixes:
                 if key.startswith(source):
                     head[target + key[len(source):]] = value
