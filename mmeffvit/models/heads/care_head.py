@@ -53,7 +53,7 @@ class CAREHead(CAREHeadMixin, nn.Module):
     def __init__(self, in_channels, num_classes, pool_type='avg', drop_rate=0., dist_head=True):
         super().__init__()
         self._check(num_classes, pool_type)
-        self.global_pool = SelectAdaptivePool2d(pool_type=pool_type, flatten=True)
+        self.global_pool = SelectAdaptivePool2d(pool_type=pool_type, flatten=bool(pool_type))
         self.with_dist_head = dist_head
         self._build_care_layers(in_channels, num_classes, drop_rate, dist_head)
 
@@ -66,7 +66,7 @@ class CAREHead(CAREHeadMixin, nn.Module):
         """New classifiers for ``num_classes`` (and a new pooling), like timm's heads."""
         pool_type = self.global_pool.pool_type if pool_type is None else pool_type
         self._check(num_classes, pool_type)
-        self.global_pool = SelectAdaptivePool2d(pool_type=pool_type, flatten=True)
+        self.global_pool = SelectAdaptivePool2d(pool_type=pool_type, flatten=bool(pool_type))
         self.num_classes = num_classes
         self.fc = nn.Linear(self.in_channels, num_classes) if num_classes > 0 else nn.Identity()
         if not (self.with_dist_head and num_classes > 0):
