@@ -163,13 +163,14 @@ def allow_mmengine_checkpoints():
     mm_checkpoint.load_state_dict = guard_load_state_dict(mm_checkpoint.load_state_dict)
 
 
-def unwrap_state_dict(ckpt, prefix=None):
+def unwrap_state_dict(ckpt, prefix=None, whole_model=False):
     """Return the weights of a checkpoint in any common layout, as a plain ``{name: tensor}``.
 
     Accepts OpenMMLab files (``'state_dict'``), official training files (``'model'``, also
     ``'state_dict_ema'`` as a last resort) and raw state dicts. Strips DDP's ``module.`` prefix.
     With ``prefix`` (e.g. ``'backbone.'``), keeps only the keys under it, prefix removed;
-    without, keeps only ``backbone.*`` when the file is a whole detector/segmentor.
+    without, keeps only ``backbone.*`` when the file is a whole detector/segmentor, unless
+    ``whole_model`` (every key kept: a classifier's ``backbone.*`` and ``head.*``).
     """
     if not isinstance(ckpt, dict):
         raise TypeError(f'a checkpoint must be a dict, got {type(ckpt).__name__}')
@@ -182,7 +183,7 @@ def unwrap_state_dict(ckpt, prefix=None):
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
         if not sd:
             raise KeyError(f'no key of the checkpoint starts with prefix {prefix!r}')
-    elif any(k.startswith('backbone.') for k in sd):
+    elif not whole_model and any(k.startswith('backbone.') for k in sd):
         sd = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
     bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
     if bad:

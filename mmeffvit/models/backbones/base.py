@@ -12,6 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...utils import resize_token_grid, square_side, unknown_choice_error
 from ...utils.checkpoint import download_checkpoint, load_checkpoint_file, unwrap_state_dict
 from ...utils.checkpoint_fit import check_fit, describe_meta
+from ..layers.norm import LayerNormFP32
 from ..layers.relative_position import resize_bias_table
 
 
@@ -94,12 +95,49 @@ class EffBackbone(BaseModule):
     #: when the arch decides it
     num_stages = 4
 
-    def __init__(self, frozen_stages=-1, norm_eval=False, init_cfg=None):
+    #: keyword arguments of the official classifier's final LayerNorm (e.g. ``dict(eps=1e-6)``)
+    #: that ``final_norm=True`` builds as ``norm``; None where the official classifier has no
+    #: final norm of its own (FLatten-PVT v1 averages raw stage-4 tokens, PVTv2's ``norm4`` is a
+    #: stage norm, CARE normalises inside its head)
+    final_norm_cfg = None
+
+    def __init__(self, frozen_stages=-1, norm_eval=False, init_cfg=None, final_norm=False):
         if init_cfg is None:
             init_cfg = copy.deepcopy(self.default_init_cfg)
         super().__init__(init_cfg=init_cfg)
+        if final_norm and self.final_norm_cfg is None:
+            raise ValueError(f'{type(self).__name__} has no final_norm option: its official '
+                             'classifier has no final norm of its own')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.final_norm = bool(final_norm)
+
+    # -- classification ----------------------------------------------------------------------
+    def out_norm_layer(self, channels):
+        """The LayerNorm ``norm{i}`` of a dense output; an identity with ``final_norm``."""
+        return nn.Identity() if self.final_norm else LayerNormFP32(channels)
+
+    def add_final_norm(self, channels):
+        """Build the official final norm ``norm`` when ``final_norm`` is set (after the stages).
+
+        It normalises the channels of the last output (:func:`_apply_final_norm`), which must
+        be the last stage's.
+        """
+        if not self.final_norm:
+            return
+        if self.num_stages - 1 not in self.out_indices:
+            raise ValueError(f'final_norm=True normalises the last stage, so out_indices must '
+                             f'contain {self.num_stages - 1}, got {tuple(self.out_indices)}')
+        self.norm = LayerNormFP32(channels, **self.final_norm_cfg)
+        self.register_forward_hook(_apply_final_norm)
+
+    def forward_raw(self, x):
+        """The outputs of :meth:`forward` without the final norm.
+
+        ``forward`` is called directly, so no forward hook of this module runs (the final norm is
+        one): timm's ``forward_intermediates`` returns stage features before the final norm.
+        """
+        return self.forward(x)
 
     # -- freezing ----------------------------------------------------------------------------
     def stage_modules(self, index):
@@ -113,7 +151,10 @@ class EffBackbone(BaseModule):
             raise ValueError(f'frozen_stages={self.frozen_stages} but the model has '
                              f'{self.num_stages} stages')
         for index in range(-1, self.frozen_stages):
-            for item in self.stage_modules(index):
+            items = list(self.stage_modules(index))
+            if index == self.num_stages - 1 and self.final_norm:
+                items.append(getattr(self, 'norm', None))  # freezing every stage freezes it
+            for item in items:
                 if isinstance(item, nn.Module):
                     item.eval()
                     for p in item.parameters():
@@ -133,7 +174,8 @@ class EffBackbone(BaseModule):
     # -- pretrained weights ------------------------------------------------------------------
     #: prefixes stripped from every checkpoint key, in this order (raw training files)
     ckpt_strip_prefixes = ()
-    #: checkpoint keys this backbone does not build (classifier heads, final norms), by prefix
+    #: checkpoint keys this backbone does not build (classifier heads, final norms), by prefix;
+    #: a key the backbone does build is kept (the final ``norm`` with ``final_norm=True``)
     ckpt_drop_prefixes = ('head.', )
     #: ... and by suffix (e.g. fixed-size ``attn_mask`` buffers)
     ckpt_drop_suffixes = ()
@@ -144,23 +186,31 @@ class EffBackbone(BaseModule):
     #: the first match applies ``_resize_<rule>``: ``'token_grid'`` (``(1, [P +] H*W, C)``
     #: position tensors) or ``'bias_table'`` (relative-position tables)
     ckpt_resize_rules = ()
+    #: ``(official prefix, classifier prefix)`` pairs: where the tensors of an official
+    #: classification head go in mmpretrain's ``ImageClassifier`` (and mmeffvit's timm models)
+    ckpt_cls_head_prefixes = (('head.', 'head.fc.'), )
+
+    def strip_ckpt_prefixes(self, key):
+        for prefix in self.ckpt_strip_prefixes:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+        return key
 
     def convert_weights(self, state_dict):
         """Map a checkpoint's weights onto this model, as the ``ckpt_*`` attributes declare.
 
-        Strips ``ckpt_strip_prefixes``, drops ``ckpt_drop_prefixes`` / ``ckpt_drop_suffixes``,
-        resizes every tensor whose shape differs from this model's by the first matching
-        ``ckpt_resize_rules`` entry (the others stay as they are: ``init_weights`` reports them)
-        and, when anything matched, takes ``ckpt_own_leaves`` buffers from this model.
+        Strips ``ckpt_strip_prefixes``, drops ``ckpt_drop_prefixes`` (keys this model does not
+        build) and ``ckpt_drop_suffixes``, resizes every tensor whose shape differs from this
+        model's by the first matching ``ckpt_resize_rules`` entry (the others stay as they are:
+        ``init_weights`` reports them) and, when anything matched, takes ``ckpt_own_leaves``
+        buffers from this model.
         """
         own = self.state_dict()
         out = {}
         for key, value in state_dict.items():
-            for prefix in self.ckpt_strip_prefixes:
-                if key.startswith(prefix):
-                    key = key[len(prefix):]
-            if (key.startswith(self.ckpt_drop_prefixes) or key.endswith(self.ckpt_drop_suffixes)
-                    or self._own_leaf(key)):
+            key = self.strip_ckpt_prefixes(key)
+            if ((key.startswith(self.ckpt_drop_prefixes) and key not in own)
+                    or key.endswith(self.ckpt_drop_suffixes) or self._own_leaf(key)):
                 continue
             target = own.get(key)
             if target is not None and target.shape != value.shape:
@@ -169,6 +219,28 @@ class EffBackbone(BaseModule):
         if self.ckpt_own_leaves and any(k in own for k in out):
             # e.g. index buffers, which some official loaders delete before saving
             out.update({k: v.clone() for k, v in own.items() if self._own_leaf(k)})
+        return out
+
+    def convert_classifier_weights(self, state_dict):
+        """An official classification checkpoint → the keys of the classifier built on this model.
+
+        The head's tensors move by ``ckpt_cls_head_prefixes`` (``head.*`` → ``head.fc.*`` for a
+        linear head), everything else goes through :meth:`convert_weights` under ``backbone.``.
+        Build the model with ``final_norm=True`` where the family has the option, so that the
+        official final ``norm`` is kept. The result loads into mmpretrain's ``ImageClassifier``
+        (``configs/_base_/models/cls_*.py``) and into mmeffvit's timm models.
+        """
+        head, rest = {}, {}
+        for key, value in state_dict.items():
+            key = self.strip_ckpt_prefixes(key)
+            for source, target in self.ckpt_cls_head_prefixes:
+                if key.startswith(source):
+                    head[target + key[len(source):]] = value
+                    break
+            else:
+                rest[key] = value
+        out = {'backbone.' + k: v for k, v in self.convert_weights(rest).items()}
+        out.update(head)
         return out
 
     def _own_leaf(self, key):
@@ -260,6 +332,17 @@ class EffBackbone(BaseModule):
                   f'{result.missing_keys or "none"}; unexpected: '
                   f'{result.unexpected_keys or "none"}', logger='current')
         self._is_init = True
+
+
+def _apply_final_norm(backbone, args, outs):
+    """Forward hook of a backbone built with ``final_norm=True``: its final ``norm`` over the
+    channels of the last output map (the last stage's, see :meth:`EffBackbone.add_final_norm`).
+
+    A module-level function of the module it is called with (no closure), so copies of the
+    model (EMA, ``deepcopy``) normalise with their own ``norm``.
+    """
+    last = backbone.norm(outs[-1].permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    return tuple(outs[:-1]) + (last.contiguous(), )
 
 
 def read_pretrained(path):

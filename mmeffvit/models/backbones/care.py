@@ -218,6 +218,8 @@ class CARE(EffBackbone):
     # raw official state dicts; the two classifier heads are not built
     ckpt_strip_prefixes = ('module.', 'backbone.')
     ckpt_drop_prefixes = ('head.', 'dist_head.')
+    # official Head modules (GELU, norm, fc) → mmeffvit's CAREClsHead (norm, fc, dist_norm, ...)
+    ckpt_cls_head_prefixes = (('head.', 'head.'), ('dist_head.', 'head.dist_'))
     default_init_cfg = [
         dict(type='TruncNormal', layer=['Conv2d', 'Linear'], std=.02, bias=0.),
         dict(type='Constant', layer=['_BatchNorm', 'LayerNorm'], val=1., bias=0.),

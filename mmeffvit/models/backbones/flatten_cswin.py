@@ -231,7 +231,8 @@ class FLattenCSWin(EffBackbone):
     * Per-output LayerNorms ``norm{i}`` (i = 0-based stage index in ``out_indices``, as mmdet's
       Swin) are added for the dense outputs; the official model has only the final ``norm`` of the
       classifier, so ``norm{i}`` are expected missing keys when loading and ``norm.*``/``head.*``
-      are dropped.
+      are dropped. ``final_norm=True`` builds that final ``norm`` instead (classification, see
+      :class:`EffBackbone`).
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'``, ``'base_384'`` (or ``t/s/b/b384``),
@@ -254,6 +255,8 @@ class FLattenCSWin(EffBackbone):
             0.2, CSWin-T's ImageNet value; the configs use 0.2 / 0.4 / 0.5 for T / S / B).
         out_indices (Sequence[int]): Stages to output (0-based).
         out_norm (bool): Apply ``norm{i}`` to every output.
+        final_norm (bool): Classification: the official final ``norm`` on the last stage
+            instead of the out-norms (:class:`EffBackbone`).
         with_cp (bool): Gradient checkpointing of each block (official ``use_chk``).
         frozen_stages (int): See :class:`EffBackbone`; stage i includes ``merge{i}`` and
             ``norm{i}``.
@@ -282,6 +285,7 @@ class FLattenCSWin(EffBackbone):
     # dense outputs have their own norm{i} (expected missing); encodings resized to the grids
     ckpt_drop_prefixes = ('head.', 'norm.')
     ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'), )
+    final_norm_cfg = dict(eps=1e-5)  # official nn.LayerNorm
 
     def __init__(self,
                  arch='tiny',
@@ -299,11 +303,13 @@ class FLattenCSWin(EffBackbone):
                  drop_path_rate=0.2,
                  out_indices=(0, 1, 2, 3),
                  out_norm=True,
+                 final_norm=False,
                  with_cp=False,
                  frozen_stages=-1,
                  norm_eval=False,
                  init_cfg=None):
-        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg,
+                         final_norm=final_norm)
         arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
                             required=('embed_dims', 'depths', 'num_heads'))
         depths, heads = list(arch['depths']), list(arch['num_heads'])
@@ -342,7 +348,8 @@ class FLattenCSWin(EffBackbone):
                                   drop_path=dpr[start + j]) for j in range(depths[i])
             ]))
             if out_norm and i in out_indices:
-                setattr(self, f'norm{i}', LayerNormFP32(dims))
+                setattr(self, f'norm{i}', self.out_norm_layer(dims))
+        self.add_final_norm(self.embed_dims[-1])
         self._freeze_stages()
 
     def stage_modules(self, index):

@@ -146,7 +146,8 @@ class FLattenSwin(EffBackbone):
       ``H×W`` input gives ``ceil(H/4)×ceil(W/4)``, then halved (ceil) per stage.
     - Outputs ``(B, C·2^i, ·, ·)`` for ``out_indices`` pass through LayerNorms ``norm{i}`` (as
       mmdet's Swin). They are not in the official checkpoints: loading one reports them as
-      missing keys, which is expected. The classification ``norm`` and ``head`` are not built.
+      missing keys, which is expected. The classifier's ``head`` is not built, its final
+      ``norm`` only with ``final_norm=True`` (see :class:`EffBackbone`).
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or a dict with
@@ -168,6 +169,9 @@ class FLattenSwin(EffBackbone):
             T / S / B, the configs use Swin's downstream values (mmdet / mmseg).
         official_window_rule (bool): See above.
         out_indices (Sequence[int]): Stages to output (0-based).
+        final_norm (bool): Classification: the official final ``norm`` on the last stage
+            instead of the out-norms (:class:`EffBackbone`); with ``official_window_rule=True``
+            the official classifier's features at 224².
         frozen_stages (int): See :class:`EffBackbone`; stage i includes its downsample and
             ``norm{i}``.
         norm_eval (bool): See :class:`EffBackbone`.
@@ -197,6 +201,7 @@ class FLattenSwin(EffBackbone):
     ckpt_own_leaves = ('relative_position_index', )
     ckpt_resize_rules = ((r'\.positional_encoding$', 'token_grid'),
                          (r'\.relative_position_bias_table$', 'bias_table'))
+    final_norm_cfg = dict(eps=1e-5)  # official nn.LayerNorm
 
     def __init__(self,
                  arch='tiny',
@@ -214,11 +219,13 @@ class FLattenSwin(EffBackbone):
                  drop_path_rate=0.1,
                  official_window_rule=False,
                  out_indices=(0, 1, 2, 3),
+                 final_norm=False,
                  frozen_stages=-1,
                  norm_eval=False,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg,
+                         final_norm=final_norm)
         arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
                             required=('embed_dims', 'depths', 'num_heads'))
         depths, num_heads = list(arch['depths']), list(arch['num_heads'])
@@ -262,7 +269,8 @@ class FLattenSwin(EffBackbone):
             self.layers.append(FLattenSwinStage(blocks, downsample))
             grid = [g // 2 for g in grid]
         for i in out_indices:
-            self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
+            self.add_module(f'norm{i}', self.out_norm_layer(self.embed_dims[i]))
+        self.add_final_norm(self.embed_dims[-1])
         self._freeze_stages()
 
     def stage_modules(self, index):

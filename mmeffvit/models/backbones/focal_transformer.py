@@ -372,7 +372,9 @@ class FocalTransformer(EffBackbone):
     ``relative_position_bias_table_to_neighbors``. With the default ``expand_sizes``
     (3, 3, 3, 3) that table is kept at its random initialisation when such a checkpoint is
     loaded (a log line says so); ``expand_sizes=(3, 3, 3, 0)`` reproduces the 224² structure
-    exactly instead.
+    exactly instead. ``final_norm=True`` builds the classifier's final ``norm`` instead of the
+    out-norms (classification, see :class:`EffBackbone`; with ``expand_sizes=(3, 3, 3, 0)`` and
+    ``mask_borders=False`` it is the official classifier at 224²).
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or a dict with
@@ -393,6 +395,8 @@ class FocalTransformer(EffBackbone):
         drop_path_rate (float, optional): Stochastic depth, linear over all blocks; None takes
             the arch's ImageNet value (0.2 / 0.3 / 0.5).
         out_indices (Sequence[int]): Stages to output (0-based).
+        final_norm (bool): Classification: the official final ``norm`` on the last stage
+            instead of the out-norms (:class:`EffBackbone`).
         frozen_stages (int): See :class:`EffBackbone`; stage i includes its downsample.
         norm_eval (bool): See :class:`EffBackbone`.
         with_cp (bool): Gradient checkpointing of every block.
@@ -427,6 +431,7 @@ class FocalTransformer(EffBackbone):
         (r'\.relative_position_bias_table$', 'bias_table'),
         (r'\.relative_position_bias_table_to_windows\.\d+$', 'bias_table', dict(transposed=True)),
         (r'\.pool_layers\.\d+\.weight$', 'pool_weights'))
+    final_norm_cfg = dict(eps=1e-5)  # official nn.LayerNorm
 
     def __init__(self,
                  arch='tiny',
@@ -444,11 +449,13 @@ class FocalTransformer(EffBackbone):
                  attn_drop_rate=0.,
                  drop_path_rate=None,
                  out_indices=(0, 1, 2, 3),
+                 final_norm=False,
                  frozen_stages=-1,
                  norm_eval=False,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg,
+                         final_norm=final_norm)
         arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
                             required=('embed_dims', 'depths', 'num_heads'))
         depths, num_heads = list(arch['depths']), list(arch['num_heads'])
@@ -492,7 +499,8 @@ class FocalTransformer(EffBackbone):
             down = focal_patch_embed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None
             self.layers.append(FocalStage(blocks, down))
         for i in out_indices:
-            self.add_module(f'norm{i}', LayerNormFP32(self.embed_dims[i]))
+            self.add_module(f'norm{i}', self.out_norm_layer(self.embed_dims[i]))
+        self.add_final_norm(self.embed_dims[-1])
         self._freeze_stages()
 
     def stage_modules(self, index):

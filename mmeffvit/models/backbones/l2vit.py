@@ -144,7 +144,9 @@ class L2ViT(EffBackbone):
     the official detection/segmentation backbone. Names follow the official code
     (``downsample_layers.*``, ``stages.{i}.{j}.*``, ``norm{i}``), so the released ImageNet files
     (weights under ``'model'``) load through ``init_cfg=dict(type='Pretrained', ...)``; their
-    classifier ``norm``/``head`` are dropped and ``norm{i}`` start fresh.
+    classifier ``norm``/``head`` are dropped and ``norm{i}`` start fresh. ``final_norm=True``
+    builds that classifier ``norm`` instead of the ``norm{i}`` (classification, see
+    :class:`EffBackbone`).
 
     Deviations, all documented options: ``window_size`` is honoured (the official det/seg code
     silently builds 7-windows whatever it is given; 7 is the default); ``norm_cfg`` selects the
@@ -160,6 +162,8 @@ class L2ViT(EffBackbone):
         min_denominator (float): Clamp of the linear attention's normaliser (100 as released).
         drop_path_rate (float): Stochastic depth, increasing linearly over all blocks.
         out_indices (Sequence[int]): Stages to output (0-based).
+        final_norm (bool): Classification: the official final ``norm`` on the last stage
+            instead of the out-norms (:class:`EffBackbone`).
         norm_cfg (dict): Norm of the stem and of the LCMs (``dict(type='BN')`` as released).
         frozen_stages (int): See :class:`EffBackbone`.
         norm_eval (bool): See :class:`EffBackbone`.
@@ -187,6 +191,7 @@ class L2ViT(EffBackbone):
     # classifier norm/head dropped; the per-stage norm{i} start fresh
     ckpt_strip_prefixes = ('module.', 'backbone.')
     ckpt_drop_prefixes = ('head.', 'norm.')
+    final_norm_cfg = dict(eps=1e-5)  # official nn.LayerNorm (build_norm 'LN')
     default_init_cfg = [
         dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
         dict(type='Kaiming', layer='Conv2d', mode='fan_out', nonlinearity='relu', bias=0.,
@@ -203,11 +208,13 @@ class L2ViT(EffBackbone):
                  min_denominator=100.,
                  drop_path_rate=0.1,
                  out_indices=(0, 1, 2, 3),
+                 final_norm=False,
                  norm_cfg=dict(type='BN'),
                  frozen_stages=-1,
                  norm_eval=False,
                  init_cfg=None):
-        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg,
+                         final_norm=final_norm)
         arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
                             required=('embed_dims', 'depths', 'num_heads'))
         dims, depths, heads = arch['embed_dims'], arch['depths'], arch['num_heads']
@@ -242,7 +249,8 @@ class L2ViT(EffBackbone):
                          min_denominator, norm_cfg)
                 for j in range(depths[i])]))
         for i in out_indices:
-            self.add_module(f'norm{i}', LayerNormFP32(dims[i]))
+            self.add_module(f'norm{i}', self.out_norm_layer(dims[i]))
+        self.add_final_norm(dims[-1])
         self._freeze_stages()
 
     def stage_modules(self, index):

@@ -146,6 +146,9 @@ class LaViT(EffBackbone):
         drop_rate, attn_drop_rate, drop_path_rate (float): Dropouts; stochastic depth grows
             linearly over all blocks.
         out_indices (Sequence[int]): Stages to output (0-based).
+        final_norm (bool): Classification: a final LayerNorm ``norm`` (eps 1e-6) on the last
+            stage (:class:`EffBackbone`). No LaViT code is public; PVT's classifier (norm, token
+            mean, linear) is the assumed one.
         frozen_stages (int): See :class:`EffBackbone` (freezes the AR module into a stage too).
         norm_eval (bool): See :class:`EffBackbone`.
         init_cfg (dict | list, optional): Initialisation.
@@ -170,14 +173,16 @@ class LaViT(EffBackbone):
     # rejected by the shape check of init_weights (keep pretrain_img_size, use la_mode='window')
     ckpt_drop_prefixes = ('head.', 'norm.')
     ckpt_resize_rules = ((r'^pos_embed\d+$', 'token_grid'), )
+    final_norm_cfg = dict(eps=1e-6)  # as the blocks' norms (PVT layout, sec. 4.1)
 
     def __init__(self, arch='tiny', in_channels=3, pretrain_img_size=224, patch_sizes=(4, 2, 2, 2),
                  la_mode='window', window_sizes=None, chain='previous', attn_residual=True,
                  ar_layer_scale_init=1e-4, theta_bias=True, psi_bias=False, identity_init=True,
                  diag_loss=None, qkv_bias=True, drop_rate=0., attn_drop_rate=0.,
-                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1,
+                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), final_norm=False, frozen_stages=-1,
                  norm_eval=False, init_cfg=None):
-        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg)
+        super().__init__(frozen_stages=frozen_stages, norm_eval=norm_eval, init_cfg=init_cfg,
+                         final_norm=final_norm)
         arch = resolve_arch(arch, self.arch_settings, self.arch_aliases,
                             required=('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
         num = len(arch['depths'])
@@ -258,6 +263,7 @@ class LaViT(EffBackbone):
             diag_loss = MODELS.build(diag_loss)
         self.diag_loss = diag_loss
         self._aux = {}
+        self.add_final_norm(self.embed_dims[-1])
         self._freeze_stages()
 
     def stage_modules(self, index):

@@ -1,10 +1,10 @@
-"""Detectors and segmentors that add their backbone's auxiliary losses to the loss dict.
+"""Models that add their backbone's auxiliary losses to the loss dict.
 
-mmdet's ``SingleStageDetector.loss``/``TwoStageDetector.loss`` and mmseg's
-``EncoderDecoder.loss`` only collect head losses. A backbone that computes its own training
-losses (LaViT's diagonality-preserving loss, sec. 3.4) exposes them through ``aux_losses()``
-after its forward; the thin subclasses here add them (``loss_diag``) so mmengine sums and logs
-them like any other loss. They are registered only when their toolbox is installed.
+mmdet's ``SingleStageDetector.loss``/``TwoStageDetector.loss``, mmseg's ``EncoderDecoder.loss``
+and mmpretrain's ``ImageClassifier.loss`` only collect head losses. A backbone that computes its
+own training losses (LaViT's diagonality-preserving loss, sec. 3.4) exposes them through
+``aux_losses()`` after its forward; the thin subclasses here add them (``loss_diag``) so mmengine
+sums and logs them like any other loss. They are registered only when their toolbox is installed.
 """
 from ...registry import register_model
 
@@ -59,6 +59,18 @@ else:
         """mmseg ``EncoderDecoder`` + backbone auxiliary losses."""
 
     _NAMES += ['AuxLossEncoderDecoder']
+
+
+try:
+    from mmpretrain.models.classifiers import ImageClassifier
+except ImportError:  # mmpretrain not installed
+    pass
+else:
+    @register_model
+    class AuxLossImageClassifier(BackboneAuxLossMixin, ImageClassifier):
+        """mmpretrain ``ImageClassifier`` + backbone auxiliary losses (LaViT pre-training)."""
+
+    _NAMES += ['AuxLossImageClassifier']
 
 
 def aux_loss_model_names():
