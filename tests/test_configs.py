@@ -113,7 +113,10 @@ def test_config_builds_and_computes_losses(path):
     cfg = load(path)
     assert 'backbone' not in cfg, 'a backbone base taken without _base_.pop'
     scope = cfg.default_scope
-    key = scope + json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
+    model_cfg = cfg.model.to_dict()
+    if scope == 'mmpretrain':  # a demo classifier is its ImageNet model with 8 classes
+        model_cfg['head'].pop('num_classes')
+    key = scope + json.dumps(model_cfg, sort_keys=True, default=str)
     if key in _CHECKED_MODELS:
         return  # the config loads, and its model is identical to one already checked
     _CHECKED_MODELS[key] = osp.relpath(path, ROOT)
@@ -126,7 +129,7 @@ def test_config_builds_and_computes_losses(path):
         assert 'decode.loss_ce' in losses
     elif scope == 'mmpretrain':
         model, losses = cls_losses(cfg)
-        assert 'loss' in losses
+        assert any(k.startswith('loss') for k in losses), sorted(losses)  # CARE: two heads
     else:
         pytest.fail(f'unexpected default_scope {scope}')
     total, log_vars = model.parse_losses(losses)

@@ -182,3 +182,14 @@ def test_cost_hook_logs_cpu_time_and_peak_memory():
     hook.after_train_iter(runner, 0)
     assert hub.get_scalar('train/cpu_time').current() > 0
     assert hub.get_scalar('train/peak_rss_mb').current() > 10  # this process holds torch
+
+
+@pytest.mark.parametrize('warmup,iters', [(8, 80), (8, 6), (1, 2), (5, 1)])
+def test_warmup_then_decay_fits_any_length(warmup, iters):
+    decay = dict(type='PolyLR', power=0.9, by_epoch=False)
+    schedule = learning_table.warmup_then(decay, warmup, iters)
+    assert schedule[0]['type'] == 'LinearLR' and schedule[0]['begin'] == 0
+    for a, b in zip(schedule, schedule[1:]):
+        assert a['end'] == b['begin'] < b['end'] == iters
+    assert all(s['begin'] < s['end'] for s in schedule)
+    assert schedule[-1]['end'] <= max(iters, 1)

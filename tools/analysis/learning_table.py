@@ -81,6 +81,15 @@ FULL = dict(iters=80, seeds=(0, 1, 2), evals=2, batch=4, crop=128, warmup=8)
 QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1)
 
 
+def warmup_then(decay, warmup, iters):
+    """Linear warm-up over ``warmup`` iterations (at most ``iters - 1``), then ``decay``."""
+    warmup = max(1, min(warmup, iters - 1))
+    schedule = [dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=warmup)]
+    if warmup < iters:
+        schedule.append(dict(decay, begin=warmup, end=iters))
+    return schedule
+
+
 def backbone_dict(spec):
     """A backbone dict for the segmentor: random initialisation (``init_cfg=None``)."""
     if isinstance(spec, tuple):
@@ -127,12 +136,8 @@ def run_overrides(name, sizes):
             dict(type='PackSegInputs'),
         ])),
         train_cfg=dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=interval),
-        param_scheduler=[
-            dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-                 end=sizes['warmup']),
-            dict(type='PolyLR', power=0.9, eta_min=0.0, begin=sizes['warmup'], end=iters,
-                 by_epoch=False),
-        ],
+        param_scheduler=warmup_then(
+            dict(type='PolyLR', power=0.9, eta_min=0.0, by_epoch=False), sizes['warmup'], iters),
         default_hooks=dict(logger=dict(interval=max(1, min(10, iters // 8))),
                            checkpoint=dict(by_epoch=False, interval=-1, save_last=False)),
     )
@@ -209,7 +214,6 @@ def main(argv=None):
             sizes[key] = getattr(args, key)
     if args.seeds:
         sizes['seeds'] = tuple(args.seeds)
-    sizes['warmup'] = min(sizes['warmup'], sizes['iters'])
     work_dir = args.work_dir or osp.join(
         REPO, 'work_dirs', 'learning_quick' if args.quick else 'learning')
     out = args.out or (osp.join(work_dir, 'learning.md') if args.quick
@@ -217,8 +221,10 @@ def main(argv=None):
     command = 'python tools/analysis/learning_table.py' + (
         ' ' + ' '.join(argv if argv is not None else sys.argv[1:])
         if (argv if argv is not None else sys.argv[1:]) else '')
-    subprocess.run([sys.executable, '-m', 'mmeffvit.datasets.shapes', '--out', 'data/shapes',
-                    '--layouts', 'ade'], cwd=REPO, check=True, capture_output=True)
+    # all layouts, as tools/demo.py and pretrain_study.py ask: the generator rewrites the folder
+    # when the layouts differ from the last call's
+    subprocess.run([sys.executable, '-m', 'mmeffvit.datasets.shapes', '--out', 'data/shapes'],
+                   cwd=REPO, check=True, capture_output=True)
     start = time.time()
     results = {}
     try:

@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from learning_table import MODELS as SEG_MODELS  # noqa: E402
-from learning_table import SEG_DEMO, run_overrides  # noqa: E402
+from learning_table import SEG_DEMO, run_overrides, warmup_then  # noqa: E402
 from study_runs import (REPO, StudyError, config_text, fmt_mean_std, last_checkpoint,  # noqa
                         plot, train)
 
@@ -49,15 +49,12 @@ QUICK = dict(cls_iters=2, cls_batch=8, seg=dict(iters=2, evals=1, batch=2, crop=
 
 def cls_text(backbone, sizes):
     iters = sizes['cls_iters']
-    warmup = max(1, iters // 10)
     return config_text(BACKBONES[backbone], 0, dict(
         train_dataloader=dict(batch_size=sizes['cls_batch']),
         train_cfg=dict(max_iters=iters, val_interval=iters),
-        param_scheduler=[
-            dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=warmup),
-            dict(type='CosineAnnealingLR', eta_min_ratio=0.01, by_epoch=False, begin=warmup,
-                 end=iters),
-        ],
+        param_scheduler=warmup_then(
+            dict(type='CosineAnnealingLR', eta_min_ratio=0.01, by_epoch=False), iters // 10,
+            iters),
         default_hooks=dict(logger=dict(interval=max(1, min(20, iters // 10))),
                            checkpoint=dict(by_epoch=False, interval=iters, max_keep_ckpts=1,
                                            save_best=None))))
