@@ -165,6 +165,7 @@ def test_mean_std_matches_statistics():
     assert study_runs.mean_std(values) == pytest.approx(
         (statistics.mean(values), statistics.stdev(values)))
     assert study_runs.mean_std([3.0]) == (3.0, 0.0)
+    assert study_runs.fmt_mean_std([3.0]) == '3.0 (one seed)'
     assert study_runs.fmt_mean_std(values) == (
         f'{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}')
 

@@ -76,7 +76,13 @@ MODELS = {
 # backbones whose auxiliary loss the segmentor must add (LaViT's diagonality loss, sec. 3.4)
 AUX_LOSS = {'lavit_t'}
 
-# Sizes: see docs/learning.md for the pilot timings they come from.
+# Sizes, from pilots on the (shared) 2-core machine in CPU seconds per training iteration with one
+# thread (OMP_NUM_THREADS=1; load changes them little, unlike wall time): at the --quick sizes
+# (batch 2, 64x64) the 11 backbones take 0.18 (PVTv2-B0) to 0.84 (Swin-T), 5.4 together; at these
+# sizes (batch 4, 128x128) FLatten-PVT-T 0.85 and Swin-T 1.65, i.e. ~2-2.5x, so ~13 CPU-s for the
+# 11 together, ~9 s of wall time with two threads on an idle machine. 80 iterations x 3 seeds:
+# ~36 min of training, plus start-up and two evaluations of the 16 images per run (33 runs,
+# ~20 s each: ~11 min). About 50 min in all; --iters / --seeds scale it.
 FULL = dict(iters=80, seeds=(0, 1, 2), evals=2, batch=4, crop=128, warmup=8)
 QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1)
 

@@ -29,6 +29,8 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from learning_table import MODELS as SEG_MODELS  # noqa: E402
+from learning_table import FULL as LT_FULL  # noqa: E402
+from learning_table import QUICK as LT_QUICK  # noqa: E402
 from learning_table import SEG_DEMO, run_overrides, warmup_then  # noqa: E402
 from study_runs import (REPO, StudyError, config_text, fmt_mean_std, last_checkpoint,  # noqa
                         plot, train)
@@ -40,11 +42,25 @@ BACKBONES = {
 DET_DEMO = 'configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py'
 DET_BACKBONE = 'flatten_pvt_t'
 
-# Sizes: see docs/pretraining.md for the pilot timings they come from.
-FULL = dict(cls_iters=300, cls_batch=32, seg=dict(iters=80, evals=2, batch=4, crop=128, warmup=8),
-            seeds=(0, 1, 2), det_iters=60, det_seeds=(0, ))
-QUICK = dict(cls_iters=2, cls_batch=8, seg=dict(iters=2, evals=1, batch=2, crop=64, warmup=1),
-             seeds=(0, ), det_iters=2, det_seeds=(0, ))
+
+def _seg_sizes(sizes):
+    """The learning table's Semantic FPN sizes (the seeds are the study's own)."""
+    return {k: v for k, v in sizes.items() if k != 'seeds'}
+
+
+# Sizes, from pilots on the (shared) 2-core machine in CPU seconds per training iteration with one
+# thread (OMP_NUM_THREADS=1), and ~1.5x less wall time with two threads on an idle machine:
+# * pretraining, batch 8 at 64x64: FLatten-PVT-T 0.44, LaViT-T 0.76-0.93; at batch 32 ~3.5x that:
+#   300 iterations (the demo classifiers' schedule) ~6 + ~10 min with the 320 validation images;
+# * Semantic FPN, batch 4 at 128x128: FLatten-PVT-T 0.85, LaViT-T ~1.1 (learning_table.py's
+#   sizes): 2 backbones x 2 inits x 3 seeds x 80 iterations + ~20 s start-up/evaluation per run:
+#   ~15 min;
+# * Mask R-CNN, batch 2 at 320 px: 6.9: 2 x 150 iterations + evaluation: ~25 min.
+# About 55-60 min in all.
+FULL = dict(cls_iters=300, cls_batch=32, seg=_seg_sizes(LT_FULL), seeds=(0, 1, 2), det_iters=150,
+            det_seeds=(0, ))
+QUICK = dict(cls_iters=2, cls_batch=8, seg=_seg_sizes(LT_QUICK), seeds=(0, ), det_iters=2,
+             det_seeds=(0, ))
 
 
 def cls_text(backbone, sizes):
@@ -137,7 +153,7 @@ def write_report(out, sizes, command, cls, seg, det, pngs, elapsed):
             f'| {fmt_mean_std([r["metrics"]["mIoU"] for r in arms[1]])} | '
             f'{arms[1][0]["time"]:.2f} |')
     if det:
-        lines += ['', f'## Mask R-CNN, {SEG_MODELS[DET_BACKBONE][0]} (mAP, mean ± std)', '',
+        lines += ['', f'## Mask R-CNN, {SEG_MODELS[DET_BACKBONE][0]} (mAP)', '',
                   '| init | bbox mAP | segm mAP |', '|---|---|---|']
         for arm, runs in zip(('from scratch', 'pretrained on shapes'), det):
             lines.append(f'| {arm} | '

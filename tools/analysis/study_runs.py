@@ -131,7 +131,10 @@ def mean_std(values):
 
 
 def fmt_mean_std(values, digits=1):
+    """``mean ± std`` of several values; one value alone (a single seed) has no spread."""
     mean, std = mean_std(values)
+    if len(values) == 1:
+        return f'{mean:.{digits}f} (one seed)'
     return f'{mean:.{digits}f} ± {std:.{digits}f}'
 
 
