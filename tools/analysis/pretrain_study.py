@@ -133,8 +133,9 @@ def write_report(out, sizes, command, cls, seg, det, pngs, elapsed):
         f'{seg_sizes["batch"]}, {seg_sizes["crop"]}x{seg_sizes["crop"]} crops, seeds {seeds} '
         '(the schedule of docs/learning.md); the backbone from the classifier '
         "(`init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')`) or random;",
-        f'* Mask R-CNN (COCO-layout shapes, 4 classes, 320 px): `{DET_DEMO}` cut to '
-        f'{sizes["det_iters"]} iterations, seeds {", ".join(map(str, sizes["det_seeds"]))}.', '',
+        (f'* Mask R-CNN (COCO-layout shapes, 4 classes, 320 px): `{DET_DEMO}` cut to '
+         f'{sizes["det_iters"]} iterations, seeds {", ".join(map(str, sizes["det_seeds"]))}.'
+         if det else '* Mask R-CNN: not run (--no-det).'), '',
         '## Pretraining', '',
         '| backbone | top-1 (%) | top-5 (%) | s/iter (wall) | CPU s/iter |',
         '|---|---|---|---|---|',
