@@ -52,7 +52,8 @@ _CHECKED_MODELS = {}
 def load(path):
     cfg = Config.fromfile(path)
     # no ImageNet weights in tests; the Pretrained path is covered by the backbone tests
-    cfg.model.backbone.init_cfg = None
+    if cfg.default_scope != 'mmpretrain':  # classifiers train their backbone from scratch
+        cfg.model.backbone.init_cfg = None
     if cfg.default_scope == 'mmseg':
         # the 512x512 crop only costs time here; the heads run at any size divisible by 32
         cfg.model.data_preprocessor.size = (128, 128)
@@ -93,12 +94,29 @@ def seg_losses(cfg):
     return model, model(**data, mode='loss')
 
 
+def cls_losses(cfg):
+    from mmpretrain.registry import MODELS
+    from mmpretrain.structures import DataSample
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    num_classes = cfg.model.head.num_classes
+    # 2 images: Mixup / CutMix of the recipe's data preprocessor mix them
+    samples = [DataSample().set_gt_label(label) for label in (0, num_classes - 1)]
+    packed = dict(inputs=[torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
+                          for _ in samples], data_samples=samples)
+    data = model.data_preprocessor(packed, training=True)
+    return model, model(**data, mode='loss')
+
+
 @pytest.mark.parametrize('path', _params())
 def test_config_builds_and_computes_losses(path):
     cfg = load(path)
     assert 'backbone' not in cfg, 'a backbone base taken without _base_.pop'
     scope = cfg.default_scope
-    key = scope + json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
+    model_cfg = cfg.model.to_dict()
+    if scope == 'mmpretrain':  # a demo classifier is its ImageNet model with 8 classes
+        model_cfg['head'].pop('num_classes')
+    key = scope + json.dumps(model_cfg, sort_keys=True, default=str)
     if key in _CHECKED_MODELS:
         return  # the config loads, and its model is identical to one already checked
     _CHECKED_MODELS[key] = osp.relpath(path, ROOT)
@@ -109,6 +127,9 @@ def test_config_builds_and_computes_losses(path):
     elif scope == 'mmseg':
         model, losses = seg_losses(cfg)
         assert 'decode.loss_ce' in losses
+    elif scope == 'mmpretrain':
+        model, losses = cls_losses(cfg)
+        assert any(k.startswith('loss') for k in losses), sorted(losses)  # CARE: two heads
     else:
         pytest.fail(f'unexpected default_scope {scope}')
     total, log_vars = model.parse_losses(losses)
@@ -130,8 +151,9 @@ _BACKBONE = r'(flatten_(pvt|pvtv2|swin|cswin)|lavit|care|l2vit|focal)_(t|s|m|b|l
 #: the demo configs keep the schedule of the config they shrink and name the shapes data
 _NAME = re.compile(rf'^(?:(?:cascade_mask_rcnn|mask_rcnn|retinanet)_{_BACKBONE}_(?:1x|3x)_coco'
                    rf'|(?:fpn|upernet)_{_BACKBONE}_\d+k_ade20k'
-                   rf'|(?:cascade_mask_rcnn|mask_rcnn|retinanet|fpn|upernet)_{_BACKBONE}_'
-                   rf'(?:1x|3x|\d+k)_shapes)\.py$')
+                   rf'|cls_{_BACKBONE}_\d+e_in1k'
+                   rf'|(?:cascade_mask_rcnn|mask_rcnn|retinanet|fpn|upernet|cls)_{_BACKBONE}_'
+                   rf'(?:1x|3x|\d+k|\d+e)_shapes)\.py$')
 
 
 def _bases(path):
@@ -202,4 +224,4 @@ def test_demo_configs_train_on_the_shapes_data(path):
     for ds in (dataset, cfg.val_dataloader.dataset, cfg.test_dataloader.dataset):
         assert ds.data_root.startswith('data/shapes/'), path
     assert cfg.train_cfg.type == 'IterBasedTrainLoop' and cfg.train_cfg.max_iters == 300
-    assert cfg.model.backbone.init_cfg is None
+    assert cfg.model.backbone.get('init_cfg') is None

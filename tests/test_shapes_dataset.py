@@ -183,9 +183,11 @@ def test_single_layout_and_cli(tmp_path, capsys):
         generate_shapes(tmp_path / 'bad', layouts=('voc', ))
 
     out = tmp_path / 'cli'
-    argv = ['--out', str(out), '--num-train', '2', '--num-val', '1', '--seed', '7']
+    argv = ['--out', str(out), '--num-train', '2', '--num-val', '1', '--seed', '7',
+            '--cls-num-train', '1', '--cls-num-val', '1']  # all three layouts, small
     main(argv)
     assert 'wrote 2 train / 1 val images' in capsys.readouterr().out
     main(argv)
     assert 'up to date' in capsys.readouterr().out
     assert (out / 'coco' / 'annotations' / 'instances_val2017.json').is_file()
+    assert (out / 'imagenet' / 'val' / 'star' / 'star_00001.jpg').is_file()

@@ -1,10 +1,12 @@
-"""A procedurally generated "shapes" dataset in COCO-instance and ADE20K layouts.
+"""A procedurally generated "shapes" dataset in COCO-instance, ADE20K and ImageNet layouts.
 
 Images hold 0-6 filled circles, squares, triangles and stars on a smooth background. The same
 images are written once as a COCO instance-segmentation dataset and once as an ADE20K-style
 semantic-segmentation dataset, so mmdet and mmseg configs can train and evaluate on a fresh
 machine without downloading anything. Generation is deterministic: the same arguments give
-byte-identical files.
+byte-identical files. A classification set of one shape per image in ImageNet's class-folder
+layout comes from :mod:`mmeffvit.datasets.shapes_cls` (``--layouts imagenet``; all three by
+default).
 
 Usage::
 
@@ -73,17 +75,54 @@ def _shape_mask(rng, cls_idx, h, w):
     cx = rng.uniform(0.25 * size, w - 0.25 * size)
     cy = rng.uniform(0.25 * size, h - 0.25 * size)
     theta = rng.uniform(0, 2 * np.pi)
+    return draw_shape(SHAPES_CLASSES[cls_idx], (h, w), (cx, cy), size, theta)
+
+
+def draw_shape(name, shape, centre, size, theta, aspect=0.55):
+    """Rasterise one shape into a full ``(H, W)`` uint8 mask (1 inside).
+
+    Args:
+        name (str): ``circle``, ``square`` (side ``size``), ``triangle``, ``star`` (the detection
+            and segmentation classes) or ``hexagon``, ``cross``, ``ring``, ``ellipse`` (further
+            classification classes).
+        shape (tuple[int, int]): ``(H, W)`` of the mask.
+        centre (tuple[float, float]): ``(x, y)`` of the centre in pixels.
+        size (float): Diameter-like extent in pixels.
+        theta (float): Rotation in radians (circles and rings ignore it).
+        aspect (float): Minor / major axis of an ellipse.
+    """
+    h, w = shape
+    cx, cy = centre
     mask = np.zeros((h, w), np.uint8)
-    name = SHAPES_CLASSES[cls_idx]
-    if name == 'circle':
-        cv2.circle(mask, (int(round(cx)), int(round(cy))), int(round(size / 2)), 1, -1)
+    centre_px = (int(round(cx)), int(round(cy)))
+    if name in ('circle', 'ring'):
+        cv2.circle(mask, centre_px, int(round(size / 2)), 1, -1)
+        if name == 'ring':
+            cv2.circle(mask, centre_px, int(round(size / 4)), 0, -1)
+        return mask
+    if name == 'ellipse':
+        axes = (int(round(size / 2)), int(round(size / 2 * aspect)))
+        cv2.ellipse(mask, centre_px, axes, float(np.degrees(theta)), 0, 360, 1, -1)
         return mask
     if name == 'square':  # side length == size
         radii = [size / np.sqrt(2)] * 4
     elif name == 'triangle':
         radii = [0.6 * size] * 3
-    else:  # star: alternating outer and inner vertices
+    elif name == 'star':  # alternating outer and inner vertices
         radii = [0.55 * size, 0.25 * size] * 5
+    elif name == 'hexagon':
+        radii = [0.5 * size] * 6
+    elif name == 'cross':  # a plus sign of arm width size / 3: 12 vertices at two radii
+        arm, reach = size / 6, size / 2
+        corners = np.array([(arm, reach), (-arm, reach), (-arm, arm), (-reach, arm),
+                            (-reach, -arm), (-arm, -arm), (-arm, -reach), (arm, -reach),
+                            (arm, -arm), (reach, -arm), (reach, arm), (arm, arm)])
+        rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+        pts = corners @ rot.T + (cx, cy)
+        cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 1)
+        return mask
+    else:
+        raise ValueError(f'unknown shape {name!r}')
     angles = theta + np.arange(len(radii)) * 2 * np.pi / len(radii)
     pts = np.stack([cx + np.cos(angles) * radii, cy + np.sin(angles) * radii], axis=1)
     cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 1)
@@ -343,18 +382,42 @@ def main(argv=None):
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--min-size', type=int, default=160)
     parser.add_argument('--max-size', type=int, default=320)
-    parser.add_argument('--layouts', nargs='+', choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument('--layouts', nargs='+', choices=LAYOUTS + ('imagenet', ),
+                        default=list(LAYOUTS) + ['imagenet'],
+                        help='coco / ade: the detection and segmentation images; imagenet: the '
+                        'classification set (one shape per image, class folders)')
+    parser.add_argument('--cls-num-train', type=int, default=160,
+                        help='imagenet layout: training images per class')
+    parser.add_argument('--cls-num-val', type=int, default=40,
+                        help='imagenet layout: validation images per class')
+    parser.add_argument('--cls-min-size', type=int, default=64,
+                        help='imagenet layout: smallest image side')
+    parser.add_argument('--cls-max-size', type=int, default=96,
+                        help='imagenet layout: largest image side')
     parser.add_argument('--overwrite', action='store_true', help='regenerate even if up to date')
     opts = parser.parse_args(argv)
-    res = generate_shapes(opts.out, opts.num_train, opts.num_val, opts.seed, opts.min_size,
-                          opts.max_size, opts.layouts, opts.overwrite)
-    print(('wrote' if res['generated'] else 'up to date:') +
-          f" {res['num_train']} train / {res['num_val']} val images, "
-          f"{res['num_instances']['train']} / {res['num_instances']['val']} instances, "
-          f"{res['num_empty_images']['train']} / {res['num_empty_images']['val']} empty images")
-    for key in ('coco_root', 'ade_root'):
-        if res[key]:
-            print(f'  {key}: {res[key]}')
+    dense = [layout for layout in opts.layouts if layout in LAYOUTS]
+    res = {}
+    if dense:
+        res = generate_shapes(opts.out, opts.num_train, opts.num_val, opts.seed, opts.min_size,
+                              opts.max_size, dense, opts.overwrite)
+        print(('wrote' if res['generated'] else 'up to date:') +
+              f" {res['num_train']} train / {res['num_val']} val images, "
+              f"{res['num_instances']['train']} / {res['num_instances']['val']} instances, "
+              f"{res['num_empty_images']['train']} / {res['num_empty_images']['val']} empty "
+              'images')
+        for key in ('coco_root', 'ade_root'):
+            if res[key]:
+                print(f'  {key}: {res[key]}')
+    if 'imagenet' in opts.layouts:
+        from .shapes_cls import generate_shapes_cls
+        cls = generate_shapes_cls(opts.out, opts.cls_num_train, opts.cls_num_val, opts.seed,
+                                  opts.cls_min_size, opts.cls_max_size, opts.overwrite)
+        print(('wrote' if cls['generated'] else 'up to date:') +
+              f" {cls['num_train']} train / {cls['num_val']} val images per class of "
+              f"{len(cls['classes'])} classes ({', '.join(cls['classes'])})")
+        print(f"  imagenet_root: {cls['imagenet_root']}")
+        res['classification'] = cls
     return res
 
 

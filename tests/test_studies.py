@@ -1,0 +1,196 @@
+"""The study scripts' plumbing (tools/analysis/study_runs.py, learning_table.py, pretrain_study.py),
+the cost hook, and a classifier's checkpoint starting a dense model's backbone."""
+import json
+import os.path as osp
+import statistics
+import sys
+import types
+
+import pytest
+import torch
+from mmengine.config import Config
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
+
+import learning_table  # noqa: E402
+import pretrain_study  # noqa: E402
+import study_runs  # noqa: E402
+
+
+def _load(tmp_path, text):
+    path = tmp_path / 'cfg.py'
+    path.write_text(text)
+    return Config.fromfile(str(path))
+
+
+def test_learning_table_run_config_swaps_only_the_backbone(tmp_path):
+    cfg = _load(tmp_path, learning_table.run_text('pvt_t', 3, learning_table.FULL))
+    demo = Config.fromfile(osp.join(ROOT, learning_table.SEG_DEMO))
+    assert cfg.model.backbone.type == 'mmdet.PyramidVisionTransformer'
+    assert cfg.model.backbone.init_cfg is None and 'mmdet.models' in cfg.custom_imports.imports
+    assert cfg.model.neck.in_channels == [64, 128, 320, 512]
+    # the demo's model and optimiser stay
+    assert cfg.model.decode_head == demo.model.decode_head
+    assert cfg.optim_wrapper == demo.optim_wrapper
+    assert cfg.randomness == dict(seed=3, deterministic=True)
+    assert [h.type for h in cfg.custom_hooks] == ['IterCostHook']
+    full = learning_table.FULL
+    assert cfg.train_cfg.max_iters == full['iters']
+    assert cfg.train_dataloader.batch_size == full['batch']
+    assert cfg.model.data_preprocessor.size == (full['crop'], full['crop'])
+    assert cfg.param_scheduler[-1].end == full['iters']
+
+
+@pytest.mark.parametrize('name', sorted(learning_table.MODELS))
+def test_every_table_backbone_is_random_and_replaces_the_demo_one(name):
+    backbone = learning_table.backbone_dict(learning_table.MODELS[name][2])
+    assert backbone['init_cfg'] is None and backbone['_delete_'] is True
+    assert backbone['type']
+
+
+def test_lavit_runs_add_the_diagonality_loss(tmp_path):
+    cfg = _load(tmp_path, learning_table.run_text('lavit_t', 0, learning_table.QUICK))
+    assert cfg.model.type == 'AuxLossEncoderDecoder' and cfg.model.with_backbone_aux_loss
+
+
+def test_pretrained_fine_tuning_loads_the_classifier_backbone(tmp_path):
+    text = pretrain_study.seg_text('flatten_pvt_t', 1, pretrain_study.FULL, '/x/iter_300.pth')
+    cfg = _load(tmp_path, text)
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='/x/iter_300.pth',
+                                               prefix='backbone.')
+    scratch = _load(tmp_path, pretrain_study.seg_text('flatten_pvt_t', 1, pretrain_study.FULL))
+    assert scratch.model.backbone.init_cfg is None
+    cfg.model.backbone.init_cfg = None
+    assert cfg.to_dict() == scratch.to_dict()  # the same run but for the initialisation
+
+
+def test_detection_arm_and_pretraining_configs(tmp_path):
+    det = _load(tmp_path, pretrain_study.det_text(0, pretrain_study.FULL, '/x/c.pth'))
+    assert det.model.backbone.init_cfg.prefix == 'backbone.'
+    assert det.train_cfg.max_iters == pretrain_study.FULL['det_iters']
+    cls = _load(tmp_path, pretrain_study.cls_text('flatten_pvt_t', pretrain_study.FULL))
+    assert cls.model.type == 'ImageClassifier' and cls.model.head.num_classes == 8
+    assert cls.train_cfg.max_iters == pretrain_study.FULL['cls_iters']
+    assert cls.default_hooks.checkpoint.interval == cls.train_cfg.max_iters
+
+
+def test_classifier_checkpoint_starts_the_segmentor_backbone(tmp_path):
+    """init_cfg=Pretrained(prefix='backbone.') takes exactly the classifier's backbone weights."""
+    import mmeffvit  # noqa: F401
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS as CLS_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+    init_default_scope('mmpretrain')
+    cls_cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/cls_flatten_pvt_t_300e_shapes.py'))
+    classifier = CLS_MODELS.build(cls_cfg.model)
+    classifier.init_weights()
+    with torch.no_grad():  # not the random init a segmentor would also draw
+        for p in classifier.backbone.parameters():
+            p.add_(0.5)
+    ckpt = tmp_path / 'cls.pth'
+    torch.save(dict(state_dict=classifier.state_dict(), meta=dict()), ckpt)
+
+    init_default_scope('mmseg')
+    seg_cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'))
+    seg_cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(ckpt),
+                                           prefix='backbone.')
+    segmentor = SEG_MODELS.build(seg_cfg.model)
+    segmentor.init_weights()
+    mine = segmentor.backbone.state_dict()
+    theirs = classifier.backbone.state_dict()
+    assert set(mine) == set(theirs)
+    for key, value in theirs.items():
+        torch.testing.assert_close(mine[key], value, rtol=0, atol=0, msg=key)
+
+
+def _write_log(work_dir, records):
+    vis = work_dir / '20260101_000000' / 'vis_data'
+    vis.mkdir(parents=True)
+    (vis / 'scalars.json').write_text('\n'.join(json.dumps(r) for r in records) + '\n')
+
+
+def test_summarise_reads_metrics_and_cost(tmp_path):
+    _write_log(tmp_path, [
+        dict(lr=1e-3, loss=2.0, time=9.0, cpu_time=5.0, peak_rss_mb=1000., iter=1, step=1),
+        dict(lr=1e-3, loss=1.5, time=2.0, cpu_time=1.0, peak_rss_mb=1200., iter=2, step=2),
+        dict(lr=1e-3, loss=1.0, time=4.0, cpu_time=3.0, peak_rss_mb=1100., iter=3, step=3),
+        dict(mIoU=41.5, aAcc=90.0, time=0.5, data_time=0.1, step=3),
+    ])
+    summary = study_runs.summarise(str(tmp_path))
+    assert summary['metrics'] == dict(mIoU=41.5, aAcc=90.0)
+    assert summary['iters'] == 3
+    assert summary['time'] == pytest.approx(3.0)  # the first (start-up) interval left out
+    assert summary['cpu_time'] == pytest.approx(2.0)
+    assert summary['peak_rss_mb'] == 1200.
+
+
+def test_summarise_refuses_a_run_without_metrics(tmp_path):
+    _write_log(tmp_path, [dict(lr=1e-3, loss=2.0, time=1.0, step=1)])
+    with pytest.raises(study_runs.StudyError, match='no validation metric'):
+        study_runs.summarise(str(tmp_path))
+
+
+def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypatch):
+    text = study_runs.config_text(learning_table.SEG_DEMO, 0)
+    work_dir = tmp_path / 'run'
+    work_dir.mkdir()
+    done = dict(metrics=dict(mIoU=1.0), config_sha256=study_runs.hashlib.sha256(
+        text.encode()).hexdigest())
+    (work_dir / 'summary.json').write_text(json.dumps(done))
+
+    def fail(cmd, **kwargs):
+        kwargs['stdout'].write('Traceback ...\nValueError: broken config\n')
+        return types.SimpleNamespace(returncode=1)
+
+    monkeypatch.setattr(study_runs.subprocess, 'run', fail)
+    assert study_runs.train(str(work_dir), text, log=lambda *a: None) == done
+    with pytest.raises(study_runs.StudyError, match='broken config'):
+        study_runs.train(str(work_dir), text + '# changed\n', log=lambda *a: None)
+    assert not (work_dir / 'summary.json').exists()  # the stale run was cleared
+
+
+def test_check_loaded(tmp_path):
+    (tmp_path / 'train.log').write_text('FLattenPVT: 100 of 100 tensors from /c/iter_2.pth; '
+                                        'missing: none\n')
+    pretrain_study.check_loaded(str(tmp_path), '/c/iter_2.pth')
+    (tmp_path / 'train.log').write_text('FLattenPVT: pretrained checkpoint /c/iter_2.pth not '
+                                        'found; the backbone keeps its random initialisation\n')
+    with pytest.raises(study_runs.StudyError, match='did not report'):
+        pretrain_study.check_loaded(str(tmp_path), '/c/iter_2.pth')
+
+
+def test_mean_std_matches_statistics():
+    values = [41.2, 38.9, 44.0]
+    assert study_runs.mean_std(values) == pytest.approx(
+        (statistics.mean(values), statistics.stdev(values)))
+    assert study_runs.mean_std([3.0]) == (3.0, 0.0)
+    assert study_runs.fmt_mean_std([3.0]) == '3.0 (one seed)'
+    assert study_runs.fmt_mean_std(values) == (
+        f'{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}')
+
+
+def test_cost_hook_logs_cpu_time_and_peak_memory():
+    from mmengine.logging import MessageHub
+    from mmeffvit.engine.cost_hook import IterCostHook
+    hub = MessageHub.get_instance('test_cost_hook')
+    runner = types.SimpleNamespace(message_hub=hub)
+    hook = IterCostHook()
+    hook.after_train_iter(runner, 0)  # no start recorded: nothing logged
+    assert 'train/cpu_time' not in hub.log_scalars
+    hook.before_train_iter(runner, 0)
+    sum(i * i for i in range(200000))  # some CPU work
+    hook.after_train_iter(runner, 0)
+    assert hub.get_scalar('train/cpu_time').current() > 0
+    assert hub.get_scalar('train/peak_rss_mb').current() > 10  # this process holds torch
+
+
+@pytest.mark.parametrize('warmup,iters', [(8, 80), (8, 6), (1, 2), (5, 1)])
+def test_warmup_then_decay_fits_any_length(warmup, iters):
+    decay = dict(type='PolyLR', power=0.9, by_epoch=False)
+    schedule = learning_table.warmup_then(decay, warmup, iters)
+    assert schedule[0]['type'] == 'LinearLR' and schedule[0]['begin'] == 0
+    for a, b in zip(schedule, schedule[1:]):
+        assert a['end'] == b['begin'] < b['end'] == iters
+    assert all(s['begin'] < s['end'] for s in schedule)
+    assert schedule[-1]['end'] <= max(iters, 1)

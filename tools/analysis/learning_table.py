@@ -1,0 +1,269 @@
+"""Does efficient attention learn as well as softmax at equal cost? ``docs/learning.md``.
+
+Each family's smallest variant and the softmax peers that mmdet ships (PVT-T, PVTv2-B0, Swin-T)
+train as Semantic FPN backbones on the ADE20K-layout copy of the embedded shapes data, from
+scratch, with one schedule and the same seeds: the segmentation demo's model and optimiser
+(configs/demo/fpn_flatten_pvt_t_80k_shapes.py: FPN + FPN head, AdamW lr 2e-4, batch 4, linear
+warm-up then poly decay) with only the backbone (and the neck's input channels) swapped. The
+table gives the mean ± std over the seeds of the last mIoU, and the cost beside it: wall and CPU
+seconds per training iteration and the peak resident memory of the training process
+(mmeffvit.engine.cost_hook.IterCostHook; the framework alone holds about 1 GiB of it). Curves of
+loss and mIoU vs iteration (tools/analysis/plot_logs.py) go to docs/learning_*.png.
+
+    # the table in docs/ (about an hour on an idle 2-core CPU; see docs/learning.md for sizes)
+    python tools/analysis/learning_table.py
+    # a check that every model trains (minutes; writes to work_dirs/learning_quick/ only)
+    python tools/analysis/learning_table.py --quick
+
+Runs are seeded and deterministic, so the same command gives the same mIoU; finished runs are
+reused when the command is repeated (``--fresh`` trains everything again). Wall-clock columns
+depend on how busy the machine is; the CPU-seconds column much less so.
+"""
+import argparse
+import os.path as osp
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from study_runs import (REPO, StudyError, config_text, fmt_mean_std, mean_std,  # noqa: E402
+                        plot, train)
+
+SEG_DEMO = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
+
+
+def _base_backbone(path, key='backbone'):
+    """The backbone dict a repository config defines (``backbone`` or ``model.backbone``)."""
+    return ('base', path, key)
+
+
+# name -> (label, attention, backbone (a dict, or where to read it), neck in_channels)
+MODELS = {
+    'flatten_pvt_t': ('FLatten-PVT-T', 'focused linear',
+                      _base_backbone('configs/_base_/backbones/flatten_pvt_t.py'),
+                      [64, 128, 320, 512]),
+    'pvt_t': ('PVT-T (mmdet)', 'softmax (spatial reduction)',
+              dict(type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2],
+                   drop_path_rate=0.1),
+              [64, 128, 320, 512]),
+    'flatten_pvtv2_b0': ('FLatten-PVTv2-B0', 'focused linear',
+                         _base_backbone('configs/flatten/fpn_flatten_pvtv2_b0_80k_ade20k.py',
+                                        'model.backbone'),
+                         [32, 64, 160, 256]),
+    'pvtv2_b0': ('PVTv2-B0 (mmdet)', 'softmax (spatial reduction)',
+                 dict(type='mmdet.PyramidVisionTransformerV2', embed_dims=32,
+                      num_layers=[2, 2, 2, 2], drop_path_rate=0.1),
+                 [32, 64, 160, 256]),
+    'flatten_swin_t': ('FLatten-Swin-T', 'focused linear + windows',
+                       _base_backbone('configs/_base_/backbones/flatten_swin_t.py'),
+                       [96, 192, 384, 768]),
+    'swin_t': ('Swin-T (mmdet)', 'softmax (windows)',
+               dict(type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
+                    num_heads=[3, 6, 12, 24], window_size=7, drop_path_rate=0.2),
+               [96, 192, 384, 768]),
+    'flatten_cswin_t': ('FLatten-CSWin-T', 'focused linear + cross-shaped windows',
+                        _base_backbone('configs/_base_/backbones/flatten_cswin_t.py'),
+                        [64, 128, 256, 512]),
+    'lavit_t': ('LaViT-T', 'less attention',
+                _base_backbone('configs/_base_/backbones/lavit_t.py'), [64, 128, 320, 448]),
+    'care_s0': ('CARE-S0', 'asymmetric linear',
+                _base_backbone('configs/_base_/backbones/care_s0.py'), [32, 64, 128, 1024]),
+    'l2vit_t': ('L2ViT-T', 'linear global + local window',
+                _base_backbone('configs/_base_/backbones/l2vit_t.py'), [96, 192, 384, 768]),
+    'focal_t': ('Focal-T', 'focal (softmax, multi-level)',
+                _base_backbone('configs/_base_/backbones/focal_t.py'), [96, 192, 384, 768]),
+}
+# backbones whose auxiliary loss the segmentor must add (LaViT's diagonality loss, sec. 3.4)
+AUX_LOSS = {'lavit_t'}
+
+# Sizes, from pilots on the (shared) 2-core machine in CPU seconds per training iteration with one
+# thread (OMP_NUM_THREADS=1; load changes them little, unlike wall time): at the --quick sizes
+# (batch 2, 64x64) the 11 backbones take 0.18 (PVTv2-B0) to 0.84 (Swin-T), 5.4 together; at these
+# sizes (batch 4, 128x128) FLatten-PVT-T 0.85 and Swin-T 1.65, i.e. ~2-2.5x, so ~13 CPU-s for the
+# 11 together, ~9 s of wall time with two threads on an idle machine. 80 iterations x 3 seeds:
+# ~36 min of training, plus start-up and two evaluations of the 16 images per run (33 runs,
+# ~20 s each: ~11 min). About 50 min in all; --iters / --seeds scale it.
+FULL = dict(iters=80, seeds=(0, 1, 2), evals=2, batch=4, crop=128, warmup=8)
+QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1)
+
+
+def warmup_then(decay, warmup, iters):
+    """Linear warm-up over ``warmup`` iterations (at most ``iters - 1``), then ``decay``."""
+    warmup = max(1, min(warmup, iters - 1))
+    schedule = [dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=warmup)]
+    if warmup < iters:
+        schedule.append(dict(decay, begin=warmup, end=iters))
+    return schedule
+
+
+def backbone_dict(spec):
+    """A backbone dict for the segmentor: random initialisation (``init_cfg=None``)."""
+    if isinstance(spec, tuple):
+        from mmengine.config import Config
+        _, path, key = spec
+        cfg = Config.fromfile(osp.join(REPO, path), import_custom_modules=False)
+        for part in key.split('.'):
+            cfg = cfg[part]
+        backbone = cfg.to_dict()
+    else:
+        backbone = dict(spec)
+    backbone.update(_delete_=True, init_cfg=None)
+    return backbone
+
+
+def run_overrides(name, sizes):
+    """The config keys a table run sets on top of the segmentation demo config."""
+    _, _, spec, channels = MODELS[name]
+    iters, crop = sizes['iters'], sizes['crop']
+    interval = max(1, iters // sizes['evals'])
+    model = dict(backbone=backbone_dict(spec), neck=dict(in_channels=channels),
+                 data_preprocessor=dict(size=(crop, crop)))
+    if name in AUX_LOSS:
+        model.update(type='AuxLossEncoderDecoder', with_backbone_aux_loss=True)
+    return dict(
+        model=model,
+        # crops of crop x crop from rescales around (crop * 5/4, crop), as the demo's 256 / 320
+        train_dataloader=dict(
+            batch_size=sizes['batch'],
+            dataset=dict(pipeline=[
+                dict(type='LoadImageFromFile'),
+                dict(type='LoadAnnotations', reduce_zero_label=True),
+                dict(type='RandomResize', scale=(crop * 5 // 4, crop), ratio_range=(0.75, 1.5),
+                     keep_ratio=True),
+                dict(type='RandomCrop', crop_size=(crop, crop), cat_max_ratio=0.9),
+                dict(type='RandomFlip', prob=0.5),
+                dict(type='PhotoMetricDistortion'),
+                dict(type='PackSegInputs'),
+            ])),
+        val_dataloader=dict(dataset=dict(pipeline=[
+            dict(type='LoadImageFromFile'),
+            dict(type='Resize', scale=(crop * 5 // 4, crop), keep_ratio=True),
+            dict(type='LoadAnnotations', reduce_zero_label=True),
+            dict(type='PackSegInputs'),
+        ])),
+        train_cfg=dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=interval),
+        param_scheduler=warmup_then(
+            dict(type='PolyLR', power=0.9, eta_min=0.0, by_epoch=False), sizes['warmup'], iters),
+        default_hooks=dict(logger=dict(interval=max(1, min(10, iters // 8))),
+                           checkpoint=dict(by_epoch=False, interval=-1, save_last=False)),
+    )
+
+
+def run_text(name, seed, sizes):
+    overrides = run_overrides(name, sizes)
+    overrides['test_dataloader'] = overrides['val_dataloader']
+    # the softmax peers are mmdet backbones: their registry must be filled
+    extra = ('mmdet.models', ) if isinstance(MODELS[name][2], dict) else ()
+    return config_text(SEG_DEMO, seed, overrides, extra_imports=extra)
+
+
+def write_report(out, results, sizes, command, pngs, elapsed):
+    lines = [
+        '# Learning table: efficient attention vs softmax on the embedded shapes data',
+        '',
+        'Generated by `tools/analysis/learning_table.py`; regenerate with',
+        '',
+        f'    {command}',
+        '',
+        'Semantic FPN on the ADE20K-layout shapes data (5 classes, 64 training / 16 validation '
+        'images, `python -m mmeffvit.datasets.shapes`), every backbone from scratch, the '
+        f'segmentation demo\'s model and optimiser (`{SEG_DEMO}`: AdamW lr 2e-4, weight decay '
+        f'1e-4) with: {sizes["iters"]} iterations of batch {sizes["batch"]}, '
+        f'{sizes["crop"]}x{sizes["crop"]} crops, linear warm-up over {sizes["warmup"]} '
+        f'iterations then poly decay, mIoU on the validation images every '
+        f'{max(1, sizes["iters"] // sizes["evals"])} iterations; seeds '
+        f'{", ".join(map(str, sizes["seeds"]))} (seeded, deterministic: the same command gives '
+        'the same mIoU). mIoU: the last evaluation, mean ± std over the seeds. Cost: mean wall '
+        'and CPU seconds (all threads) per training iteration and peak resident memory of the '
+        'training process (framework included), mean over the seeds; wall time depends on the '
+        f'machine\'s load. Whole table: {elapsed / 60:.0f} min.',
+        '',
+        '| backbone | attention | mIoU (%) | s/iter (wall) | CPU s/iter | peak memory (MiB) |',
+        '|---|---|---|---|---|---|',
+    ]
+    for name, runs in results.items():
+        label, attention = MODELS[name][:2]
+        miou = fmt_mean_std([r['metrics']['mIoU'] for r in runs])
+        wall = mean_std([r['time'] for r in runs])[0]
+        cpu = mean_std([r['cpu_time'] for r in runs])[0]
+        peak = mean_std([r['peak_rss_mb'] for r in runs])[0]
+        lines.append(f'| {label} | {attention} | {miou} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |')
+    lines += ['', 'Training curves (loss and mIoU vs iteration, seed '
+              f'{sizes["seeds"][0]}):', '']
+    lines += [f'![{osp.basename(p)}]({osp.basename(p)})' for p in pngs]
+    with open(out, 'w', encoding='utf-8') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true',
+                        help='tiny sizes (2 iterations, 1 seed, 64x64): checks that every '
+                        'model trains; writes under work_dirs/learning_quick and does not '
+                        'touch docs/ unless --out is given')
+    parser.add_argument('--models', nargs='+', choices=list(MODELS), default=list(MODELS))
+    parser.add_argument('--iters', type=int, help='training iterations per run')
+    parser.add_argument('--seeds', type=int, nargs='+', help='seeds (default 0 1 2)')
+    parser.add_argument('--crop', type=int, help='training crop side')
+    parser.add_argument('--work-dir', help='where the runs go (default work_dirs/learning)')
+    parser.add_argument('--out', help='the markdown table (default docs/learning.md)')
+    parser.add_argument('--fresh', action='store_true', help='retrain finished runs')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines as they come, also into a file
+    sizes = dict(QUICK if args.quick else FULL)
+    for key in ('iters', 'crop'):
+        if getattr(args, key):
+            sizes[key] = getattr(args, key)
+    if args.seeds:
+        sizes['seeds'] = tuple(args.seeds)
+    work_dir = args.work_dir or osp.join(
+        REPO, 'work_dirs', 'learning_quick' if args.quick else 'learning')
+    out = args.out or (osp.join(work_dir, 'learning.md') if args.quick
+                       else osp.join(REPO, 'docs', 'learning.md'))
+    command = 'python tools/analysis/learning_table.py' + (
+        ' ' + ' '.join(argv if argv is not None else sys.argv[1:])
+        if (argv if argv is not None else sys.argv[1:]) else '')
+    # all layouts, as tools/demo.py and pretrain_study.py ask: the generator rewrites the folder
+    # when the layouts differ from the last call's
+    subprocess.run([sys.executable, '-m', 'mmeffvit.datasets.shapes', '--out', 'data/shapes'],
+                   cwd=REPO, check=True, capture_output=True)
+    start = time.time()
+    results = {}
+    try:
+        for name in args.models:
+            print(f'{MODELS[name][0]}:')
+            results[name] = [
+                train(osp.join(work_dir, f'{name}_seed{seed}'), run_text(name, seed, sizes),
+                      fresh=args.fresh)
+                for seed in sizes['seeds']]
+    except StudyError as err:
+        print(f'learning_table: {err}', file=sys.stderr)
+        return 1
+    elapsed = time.time() - start
+    seed = sizes['seeds'][0]
+    stem = osp.splitext(out)[0]
+    pngs = []
+    # softmax peers beside their efficient counterparts, the rest together
+    groups = [('pvt', ['flatten_pvt_t', 'pvt_t', 'flatten_pvtv2_b0', 'pvtv2_b0', 'lavit_t']),
+              ('swin', ['flatten_swin_t', 'swin_t', 'flatten_cswin_t', 'focal_t', 'l2vit_t',
+                        'care_s0'])]
+    for group, names in groups:
+        names = [n for n in names if n in results]
+        if not names:
+            continue
+        png = f'{stem}_{group}.png'
+        plot([osp.join(work_dir, f'{n}_seed{seed}') for n in names],
+             [MODELS[n][0] for n in names], png, ['loss', 'mIoU'],
+             f'Semantic FPN on shapes, seed {seed}')
+        pngs.append(png)
+    write_report(out, results, sizes, command, pngs, elapsed)
+    print(f'table written to {out}; curves: {", ".join(pngs)}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
