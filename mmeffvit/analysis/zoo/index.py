@@ -192,8 +192,8 @@ def metafile(family, entries, counts, aliases, released):
             'Metadata': {
                 'Training Data': datasets,
                 'Training Techniques': ['AdamW', 'Weight Decay'],
-                'Training Resources': '16 images per iteration (8 GPUs x 2 as the configs '
-                                      'assume); not trained by mmeffvit',
+                'Training Resources': 'not trained by mmeffvit (images per GPU: '
+                                      'train_dataloader.batch_size of each config)',
                 'Architecture': architecture},
             'Paper': dict(info['paper']),
             'README': f'configs/{family}/README.md',
