@@ -13,8 +13,9 @@ from mmeffvit.models.backbones.lavit import _diagonal_blocks, _unwindow, _window
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # LaViT paper Table 2 (ImageNet-1k classifiers, 224x224): parameters, "FLOPs" (multiply-adds)
 PUBLISHED = {'tiny': (10.9e6, 1.6e9), 'small': (22.4e6, 3.3e9), 'base': (39.6e6, 6.1e9)}
-# this reconstruction with the ImageNet head (docs/lavit_notes.md), counted as
-# tools/analysis/get_flops.py counts: all parameters, GMACs; then the same without the dense Θ/Ψ
+# this reconstruction with the ImageNet head (configs/lavit/README.md, "Reconstruction notes"),
+# counted as tools/analysis/get_flops.py counts: all parameters, GMACs; then the same without
+# the dense Θ/Ψ
 MEASURED = {'tiny': (11.041e6, 1.8145e9, 10.995e6, 1.8011e9),
             'small': (22.621e6, 3.6745e9, 22.407e6, 3.6119e9),
             'base': (40.369e6, 6.3212e9, 39.664e6, 6.1174e9)}

@@ -1,7 +1,9 @@
-"""The model zoo: docs/model_zoo.md is what tools/analysis/model_zoo.py generates from the code,
-and tools/model_converters/flatten2mmeffvit.py turns official releases into loadable files."""
+"""The model zoo: docs/model_zoo.md (and the model index, tests/test_model_index.py) is what
+tools/analysis/model_zoo.py generates from the code, and tools/model_converters/flatten2mmeffvit.py
+turns official releases into loadable files."""
 import argparse
 import importlib.util
+import json
 import os.path as osp
 
 import pytest
@@ -9,6 +11,8 @@ import torch
 from mmengine.config import Config
 
 import mmeffvit  # noqa: F401
+from mmeffvit.analysis.zoo.configs import read_config
+from mmeffvit.analysis.zoo.counts import CountCache, count_config, count_model, model_key
 from mmeffvit.registry import MODELS
 from mmeffvit.models import FLattenCSWin, FLattenDeiT, FLattenPVT, FLattenPVTv2, FLattenSwin
 from mmeffvit.utils import load_checkpoint_file
@@ -37,63 +41,115 @@ def doc_rows():
     return {row['model']: row for row in rows}
 
 
-# --- the generated table ----------------------------------------------------------------------
-
-def test_rows_params_configs_and_weights_match_the_code(doc_rows):
-    """Everything but the GMACs columns, regenerated (parameters by building every model)."""
-    fresh = zoo.generate(with_macs=False)
-    assert [r['model'] for r in fresh] == list(doc_rows)
-    for row in fresh:
-        old = doc_rows[row['model']]
-        for key, _ in zoo.COLUMNS:
-            if key not in ('cls_gmacs', 'det_gmacs'):
-                assert old[key] == row[key], (row['model'], key, old[key], row[key])
-    # every FLatten config appears in exactly one row
-    names = [n for n, b, _ in zoo.config_index() if str(b.get('type', '')).startswith('FLatten')]
-    listed = [c.strip('`') for r in fresh for c in r['configs'].split('<br>') if c != '–']
-    assert sorted(listed) == sorted(names)
+@pytest.fixture(scope='module')
+def cached():
+    with open(zoo.COUNTS, encoding='utf-8') as f:
+        return json.load(f)
 
 
-@pytest.mark.parametrize('model,column', [('FLatten-PVTv2-B0', 'cls_gmacs'),
-                                          ('FLatten-PVTv2-B0', 'det_gmacs'),
-                                          ('FLatten-PVT-T', 'cls_gmacs'),
-                                          ('FLatten-Swin-T', 'cls_gmacs')])
-def test_some_gmacs_cells_match_the_code(doc_rows, model, column):
-    variant = next(v for v in zoo.variants() if v.name == model)
-    value = zoo.cls_gmacs(variant) if column == 'cls_gmacs' else zoo.det_gmacs(variant)
-    fmt = '{:.2f}' if column == 'cls_gmacs' else '{:.1f}'
-    assert doc_rows[model][column] == fmt.format(value)
+# --- the generated files ---------------------------------------------------------------------
+
+def test_every_generated_file_is_up_to_date(capsys):
+    """docs/model_zoo.md, model-index.yml, the metafiles and the README sections, regenerated
+    from the configs, the code and the cached counts: the same text."""
+    assert zoo.main(['--check']) == 0, capsys.readouterr().out[-3000:]
+
+
+def test_every_variant_and_family_config_is_in_the_table(doc_rows):
+    assert list(doc_rows) == [v.name for v in zoo.variants()]
+    sections = {zoo.section_of(name) for name in doc_rows}
+    assert sections == set(zoo.FAMILIES.values())  # all five families, not only FLatten
+    names = [n for n, _, _ in zoo.config_index(zoo.CONFIG_DIR)]
+    listed = [c.strip('`') for r in doc_rows.values() for c in r['configs'].split('<br>')
+              if c != '–']
+    assert sorted(listed) == sorted(names)  # each config in exactly one row
+
+
+@pytest.mark.parametrize('key', [
+    "classifier:FLattenPVTv2(arch='b0')@224x224",
+    "backbone:CARE(arch='s0')@512x512",
+])
+def test_some_cached_counts_match_a_fresh_count(cached, key):
+    """The cache holds what mmeffvit.analysis counts (all of it: the slow test below)."""
+    kind, rest = key.split(':', 1)
+    type_name, rest = rest.split('(', 1)
+    shape = tuple(int(v) for v in rest.rsplit('@', 1)[1].split('x'))
+    arch = rest.split("'")[1]
+    assert model_key(kind, type_name, dict(arch=arch), shape) == key
+    assert count_model(kind, type_name, dict(arch=arch), shape) == cached['backbones'][key]
+
+
+def test_a_cached_whole_model_count_matches_a_fresh_count(cached):
+    name = 'care/fpn_care_s0_40k_ade20k'
+    fresh = count_config(osp.join(zoo.CONFIG_DIR, name + '.py'))
+    assert fresh['params'] == cached['models'][name]['params']
+
+
+def test_check_fails_on_missing_or_stale_counts(tmp_path):
+    """A changed config (new fingerprint) or backbone (new key) is reported, not read."""
+    counts = CountCache(str(tmp_path / 'none.json'))
+    assert counts.backbone('backbone', 'CARE', dict(arch='s0'), (64, 64)) is None
+    assert counts.config('care/x', 'x.py', 'abc') is None
+    assert counts.missing == ["backbone:CARE(arch='s0')@64x64", 'care/x']
+    path = tmp_path / 'counts.json'
+    path.write_text(json.dumps({'backbones': {}, 'models': {
+        'care/x': {'fingerprint': 'old', 'params': 1}}}))
+    counts = CountCache(str(path))
+    assert counts.config('care/x', 'x.py', 'new') is None and counts.missing == ['care/x']
+    entry = CountCache(str(path)).config('care/x', 'x.py', 'old')
+    assert entry == {'fingerprint': 'old', 'params': 1}
+
+
+def test_defaults_restated_by_a_config_share_the_entry():
+    counts = CountCache('/nonexistent.json')
+    counts.backbone('backbone', 'L2ViT', dict(arch='tiny', out_indices=[0, 1, 2, 3]), (8, 8))
+    counts.backbone('backbone', 'L2ViT', dict(arch='tiny', out_indices=(1, 2, 3)), (8, 8))
+    assert counts.missing == ["backbone:L2ViT(arch='tiny')@8x8",
+                              "backbone:L2ViT(arch='tiny', out_indices=(1, 2, 3))@8x8"]
 
 
 def test_official_reference_figures_appear_in_the_table(doc_rows):
-    """A few of flatten.md sec. 3's counts, read back from the generated file."""
+    """Counts the reference notes derived from the official code (flatten.md sec. 3, care.md
+    sec. 7, l2vit.md sec. 3, focal.md sec. 3; LaViT: its README's reconstruction notes), read
+    back from the generated file."""
     assert doc_rows['FLatten-Swin-T']['cls_gmacs'] == '4.48'
     assert doc_rows['FLatten-CSWin-T']['cls_params'] == '21.20'
     assert doc_rows['FLatten-PVTv2-B0']['cls_gmacs'] == '0.58'
     assert doc_rows['FLatten-Swin-B@384']['cls_params'] == '91.43'
+    assert (doc_rows['CARE-S0']['cls_params'], doc_rows['CARE-S0']['cls_gmacs']) == ('7.34', '0.72')
+    assert doc_rows['CARE-S2']['cls_params'] == '19.48'
+    assert doc_rows['L2ViT-T']['cls_params'] == '28.60'
+    assert doc_rows['Focal-T']['cls_params'] == '28.88'
+    assert doc_rows['Focal-B-conv']['cls_params'] == '93.27'
+    lavit_t = doc_rows['LaViT-T']
+    assert (lavit_t['cls_params'], lavit_t['cls_gmacs']) == ('11.04', '1.81')
 
 
 @pytest.mark.parametrize('name', ['flatten/mask_rcnn_flatten_pvtv2_b1_1x_coco',
                                   'flatten/upernet_flatten_cswin_s_160k_ade20k',
                                   'flatten/upernet_flatten_swin_t_160k_ade20k',
-                                  'flatten/mask_rcnn_flatten_pvt_t_3x_coco'])
+                                  'flatten/mask_rcnn_flatten_pvt_t_3x_coco',
+                                  'lavit/retinanet_lavit_s_3x_coco',
+                                  'care/fpn_care_s1_40k_ade20k',
+                                  'l2vit/retinanet_l2vit_b_1x_coco',
+                                  'focal/cascade_mask_rcnn_focal_t_3x_coco'])
 def test_config_reader_agrees_with_mmengine(name):
     """The literal reading of a config (with local ``_base_`` inheritance and the backbone taken
     with ``_base_.pop``) vs mmengine's Config."""
     path = osp.join(REPO_ROOT, 'configs', name + '.py')
     cfg = Config.fromfile(path)
-    mine = zoo.read_config(path)
-    for key in ('type', 'arch', 'out_indices', 'drop_path_rate'):
-        assert mine['model']['backbone'].get(key) == cfg.model.backbone.get(key), key
+    mine = read_config(path)
+    backbone = {k: v for k, v in mine['model']['backbone'].items() if k != '_delete_'}
+    assert backbone == cfg.model.backbone.to_dict()
     assert mine['pretrained'] == cfg.pretrained
-    assert mine['model']['backbone']['init_cfg']['checkpoint'] == cfg.pretrained
     assert 'backbone' not in mine and 'backbone' not in cfg  # popped from the bases
 
 
 @pytest.mark.slow
-def test_full_check_regenerates_the_same_file(request):
-    """Every GMACs cell from the code (all variants at 224² / 384² and 800×1333: minutes)."""
-    assert zoo.main(['--check']) == 0
+def test_full_recount_gives_the_cached_numbers(capsys):
+    """Every count again (every variant at its ImageNet size and 800×1333, every config's
+    backbone and whole model): about an hour on a 2-core CPU."""
+    assert zoo.main(['--check', '--recount']) == 0, capsys.readouterr().out[-3000:]
 
 
 # --- the checkpoint converter ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The models that :mod:`mmeffvit.analysis.complexity` counts: backbones, the official ImageNet
-classifiers of the FLatten variants (whose published counts include the head) and whole
-detectors / segmentors built from a config.
+classifiers of every family (whose published counts include the head) and whole detectors /
+segmentors built from a config.
 """
 import copy
 from functools import lru_cache
@@ -17,7 +17,8 @@ from .complexity import analyze, count_params
 #: ``backbone``: constructor arguments giving the classifier's features (last stage, final norm);
 #: ``unused_norm``: the official model builds a final LayerNorm that its forward never applies
 #: (FLatten-PVT, inherited from PVT v1): counted in the parameters, not in the MACs;
-#: ``dense``: constructor arguments of the dense-prediction backbone (model zoo's backbone column)
+#: ``dense``: constructor arguments of the dense-prediction backbone (model zoo's backbone column);
+#: ``head``: ``'linear'`` (default) or ``'care'`` (see :class:`ImageNetClassifier`)
 CLASSIFIER_SPECS = {
     # PVT v1: mean of stage-4 tokens, no norm applied (flatten.md sec. 2)
     'FLattenPVT': dict(backbone=dict(out_indices=(3, )), unused_norm=True),
@@ -31,10 +32,24 @@ CLASSIFIER_SPECS = {
     # DeiT: final norm -> cls token -> head
     'FLattenDeiT': dict(backbone=dict(out_indices=(-1, ), out_type='cls_token', final_norm=True),
                         dense=dict(out_type='featmap', with_pyramid=True)),
+    # LaViT (no official code): PVT v1 layout with the stage-4 out-norm as final norm, at the
+    # paper's dense less attention (docs: configs/lavit/README.md, "Counts")
+    'LaViT': dict(backbone=dict(out_indices=(3, ), la_mode='dense')),
+    # CARE: the released 1024/1536-channel stage-4 map -> GAP -> GELU -> LayerNorm -> Linear,
+    # twice (head and dist_head, averaged at evaluation; care.md sec. 5)
+    'CARE': dict(backbone=dict(out_indices=(3, )), head='care'),
+    # L2ViT: final norm (norm3) -> mean -> head
+    'L2ViT': dict(backbone=dict(out_indices=(3, ))),
+    # Focal: final norm (norm3) -> average pool -> head; the 224² model has no stage-4
+    # surroundings (its 7×7 map is one window), so the dense default expand size 3 is off there
+    'FocalTransformer': dict(backbone=dict(out_indices=(3, ), expand_sizes=(3, 3, 3, 0))),
 }
 
 
 def _last_channels(backbone):
+    out = getattr(backbone, 'out_channels', None)  # CARE: the expanded stage-4 map
+    if isinstance(out, (list, tuple)):
+        return int(out[-1])
     dims = getattr(backbone, 'embed_dims', None)
     if isinstance(dims, (list, tuple)):
         return int(dims[-1])
@@ -48,21 +63,32 @@ class ImageNetClassifier(nn.Module):
 
     The backbone's last output is either a map ``(B, C, H, W)`` (averaged over positions) or a
     token ``(B, C)`` (DeiT's cls token). ``norm`` is built but not applied when the official
-    model does the same (FLatten-PVT), so parameters match the official count.
+    model does the same (FLatten-PVT), so parameters match the official count. ``head='care'``
+    is CARE's pair of heads (``head`` and the DeiT-style ``dist_head``, logits averaged), each
+    GELU -> LayerNorm (eps 1e-6) -> Linear after the pooling.
     """
 
-    def __init__(self, backbone, num_classes=1000, unused_norm=False):
+    def __init__(self, backbone, num_classes=1000, unused_norm=False, head='linear'):
         super().__init__()
+        if head not in ('linear', 'care'):
+            raise unknown_choice_error('head', head, ['linear', 'care'])
         self.backbone = backbone
         channels = _last_channels(backbone)
         self.norm = nn.LayerNorm(channels) if unused_norm else None
-        self.head = nn.Linear(channels, num_classes)
+        if head == 'care':
+            self.head, self.dist_head = (nn.Sequential(
+                nn.GELU(), nn.LayerNorm(channels, eps=1e-6), nn.Linear(channels, num_classes))
+                for _ in range(2))
+        else:
+            self.head, self.dist_head = nn.Linear(channels, num_classes), None
 
     def forward(self, x):
         feat = self.backbone(x)[-1]
         if feat.dim() == 4:
             feat = feat.flatten(2).mean(-1)
-        return self.head(feat)
+        if self.dist_head is None:
+            return self.head(feat)
+        return (self.head(feat) + self.dist_head(feat)) / 2
 
 
 def _registered_class(backbone_type):
@@ -87,7 +113,7 @@ def build_backbone(backbone_type, arch=None, dense=True, **kwargs):
 
 
 def build_classifier(backbone_type, arch=None, num_classes=1000, **kwargs):
-    """The official ImageNet classification model of a FLatten variant (see CLASSIFIER_SPECS)."""
+    """The official ImageNet classification model of a variant (see CLASSIFIER_SPECS)."""
     cls = _registered_class(backbone_type)
     spec = CLASSIFIER_SPECS.get(cls.__name__)
     if spec is None:
@@ -96,7 +122,8 @@ def build_classifier(backbone_type, arch=None, num_classes=1000, **kwargs):
     args = dict(copy.deepcopy(spec['backbone']), **kwargs)
     if arch is not None:
         args['arch'] = arch
-    return ImageNetClassifier(cls(**args), num_classes, spec.get('unused_norm', False))
+    return ImageNetClassifier(cls(**args), num_classes, spec.get('unused_norm', False),
+                              spec.get('head', 'linear'))
 
 
 def backbone_complexity(backbone_type, arch=None, shape=(224, 224), with_head=False,

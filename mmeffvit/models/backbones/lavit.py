@@ -119,7 +119,7 @@ class LaViT(EffBackbone):
     public): PVT v1's layout (sec. 4.1), LA layers in stages 3-4 after one VA layer, PVT-S/M
     depths for ``small``/``base``, a narrower stage 4 for ``tiny``; every choice is an option.
     The reasoning, the parameter/MAC counts against the published ones and the other readings
-    of the text are in ``docs/lavit_notes.md``.
+    of the text are in ``configs/lavit/README.md`` ("Reconstruction notes").
 
     Any resolution (``la_mode``): Θ/Ψ are ``N×N`` maps of the training grid. ``'dense'`` is the
     paper's form, exact at ``pretrain_img_size`` and an error elsewhere; ``'window'`` (default)
