@@ -11,7 +11,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import MODELS, register_model
 from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
-from ..layers.attention_residual import AttentionResidualDownsample, fit_key_grid
+from ..layers.attention_residual import AttentionResidualDownsample
 from ..layers.less_attention import LessAttention, VanillaAttention
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
@@ -47,12 +47,15 @@ class LaViTBlock(nn.Module):
         self.norm2 = LayerNormFP32(embed_dims, eps=norm_eps)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
-    def forward(self, x, hw_shape, prev_scores=None, residual=None, key_mask=None):
-        """Returns the tokens, this layer's pre-softmax scores, probabilities and key grid."""
+    def forward(self, x, hw_shape, prev_scores=None, residual=None, key_mask=None,
+                need_scores=True):
+        """Returns the tokens, this layer's pre-softmax scores, probabilities and key grid
+        (scores and probabilities None for a VA layer asked for no scores)."""
         if self.less_attention:
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, prev_scores, key_mask)
         else:
-            y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, residual, key_mask)
+            y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, residual, key_mask,
+                                               need_scores=need_scores)
         x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x))), scores, probs, k_hw
 
@@ -67,24 +70,6 @@ def _windows(x, hw, win):
 def _unwindow(x, hw, win, n_win):
     grid = window_reverse(x, win, n_win[0] * win[0], n_win[1] * win[1])
     return grid[:, :hw[0], :hw[1]].reshape(grid.shape[0], hw[0] * hw[1], -1)
-
-
-def _diagonal_blocks(attn, q_hw, k_hw, n_win, q_win, k_win):
-    """Window-local blocks of a global map ``(B, H, Hq*Wq, Hk*Wk)`` → ``(B*nW, H, Nq_w, Nk_w)``.
-
-    Window ``(a, b)`` keeps its own queries and the keys of the same window; the query grid is
-    zero-padded and the key grid cropped/zero-padded to whole windows first.
-    """
-    b, h = attn.shape[:2]
-    (nh, nw), (qh, qw), (kh, kw) = n_win, q_win, k_win
-    attn = fit_key_grid(attn, k_hw, (nh * kh, nw * kw))
-    grid = attn.reshape(b, h, q_hw[0], q_hw[1], nh * kh * nw * kw)
-    grid = F.pad(grid, (0, 0, 0, nw * qw - q_hw[1], 0, nh * qh - q_hw[0]))
-    grid = grid.reshape(b, h, nh, qh, nw, qw, nh, kh, nw, kw)
-    grid = grid.diagonal(dim1=2, dim2=6)           # (b, h, qh, nw, qw, kh, nw, kw, nh)
-    grid = grid.diagonal(dim1=3, dim2=6)           # (b, h, qh, qw, kh, kw, nh, nw)
-    grid = grid.permute(0, 6, 7, 1, 2, 3, 4, 5)
-    return grid.reshape(b * nh * nw, h, qh * qw, kh * kw)
 
 
 def square_maps(probs, q_hw, k_hw):
@@ -264,6 +249,7 @@ class LaViT(EffBackbone):
         self.diag_loss = diag_loss
         self._aux = {}
         self.add_final_norm(self.embed_dims[-1])
+        self._mask_cache = {}
         self._freeze_stages()
 
     def stage_modules(self, index):
@@ -300,21 +286,27 @@ class LaViT(EffBackbone):
         k_win = (win[0] // sr, win[1] // sr)
         if self.windowed[i - 1]:   # aligned windows: window (a, b) feeds window (a, b)
             return ar(carry['scores'], carry['q_hw'], carry['k_hw'], out_k_hw=k_win)
-        res = ar(carry['scores'], carry['q_hw'], carry['k_hw'])
-        k_out = tuple(-(-k // ar.key_stride) for k in carry['k_hw'])
-        return _diagonal_blocks(res, ar.out_grid(carry['q_hw']), k_out, n_win, win, k_win)
+        # global map into windows: only its window-diagonal blocks are read (linear cost)
+        return ar.forward_windows(carry['scores'], carry['q_hw'], carry['k_hw'], n_win, win,
+                                  k_win)
 
     def _key_mask(self, i, hw, n_win, batch, device):
-        """True for key cells of a window that hold no real token (padding only)."""
+        """True for key cells of a window that hold no real token (padding only).
+
+        Decided on integers (no host sync) and cached per shape and device.
+        """
         sr, win = self.sr_ratios[i], self.window_sizes[i]
         kh, kw = win[0] // sr, win[1] // sr
-        rows = torch.arange(n_win[0] * kh, device=device) * sr < hw[0]
-        cols = torch.arange(n_win[1] * kw, device=device) * sr < hw[1]
-        if bool(rows.all()) and bool(cols.all()):
+        if (n_win[0] * kh - 1) * sr < hw[0] and (n_win[1] * kw - 1) * sr < hw[1]:
             return None
-        valid = (rows[:, None] & cols[None, :]).reshape(n_win[0], kh, n_win[1], kw)
-        valid = valid.permute(0, 2, 1, 3).reshape(n_win[0] * n_win[1], 1, 1, kh * kw)
-        return (~valid).repeat(batch, 1, 1, 1)
+        key = (i, tuple(hw), tuple(n_win), batch, str(device))
+        if key not in self._mask_cache:
+            rows = torch.arange(n_win[0] * kh, device=device) * sr < hw[0]
+            cols = torch.arange(n_win[1] * kw, device=device) * sr < hw[1]
+            valid = (rows[:, None] & cols[None, :]).reshape(n_win[0], kh, n_win[1], kw)
+            valid = valid.permute(0, 2, 1, 3).reshape(n_win[0] * n_win[1], 1, 1, kh * kw)
+            self._mask_cache[key] = (~valid).repeat(batch, 1, 1, 1)
+        return self._mask_cache[key]
 
     def _stage(self, i, x, hw, carry, la_maps):
         b = x.shape[0]
@@ -326,10 +318,14 @@ class LaViT(EffBackbone):
             mask = self._key_mask(i, hw, n_win, b, x.device)
         residual = self._residual(i, carry, hw, n_win)
         first = prev = None
+        # only the last VA layer's scores are read: by the LA layers, or by the next AR module
+        nva = self.num_va_layers[i]
+        scores_read = nva < self.depths[i] or hasattr(self, f'attn_residual{i + 2}')
         for j, blk in enumerate(getattr(self, f'block{i + 1}')):
             source = first if self.chain == 'first' else prev
             x, scores, probs, k_hw = blk(x, grid, prev_scores=source,
-                                         residual=residual if j == 0 else None, key_mask=mask)
+                                         residual=residual if j == 0 else None, key_mask=mask,
+                                         need_scores=j >= nva - 1 and scores_read)
             if j == self.num_va_layers[i] - 1:
                 first = scores
             prev = scores

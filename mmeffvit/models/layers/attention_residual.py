@@ -22,6 +22,88 @@ def fit_key_grid(attn, k_hw, out_k_hw):
     return grid.reshape(b, h, nq, out_k_hw[0] * out_k_hw[1])
 
 
+def _taps(in_len, out_len, kernel, stride):
+    """Per kernel offset ``i``: how many outputs ``y < out_len`` read an input ``s·y + i`` that
+    exists (the others read the implicit zero padding)."""
+    return [max(0, min(out_len, -(-(in_len - i) // stride))) for i in range(kernel)]
+
+
+def query_grid_conv_reference(attn, weight, stride, out_hw):
+    """What :class:`_QueryGridConv` computes, in plain differentiable operators (zero-padded
+    copy of the map, one ``einsum`` per kernel tap): used when tracing."""
+    k = weight.shape[-1]
+    span = [(n - 1) * stride + k for n in out_hw]
+    attn = F.pad(attn, (0, 0, 0, max(span[1] - attn.shape[3], 0),
+                        0, max(span[0] - attn.shape[2], 0)))
+    out = 0
+    for i in range(k):
+        for j in range(k):
+            taps = attn[:, :, i:i + (out_hw[0] - 1) * stride + 1:stride,
+                        j:j + (out_hw[1] - 1) * stride + 1:stride]
+            out = out + torch.einsum('oh,bhyxn->boyxn', weight[:, :, i, j], taps)
+    return out
+
+
+class _QueryGridConv(torch.autograd.Function):
+    """``out[b, o, y, x, n] = Σ_{h,i,j} w[o, h, i, j] · a[b, h, s·y+i, s·x+j, n]`` with zeros
+    beyond the input grid: a strided conv over the query grid of a score map, written as sums of
+    strided slices in the scores' own layout.
+
+    Why by hand: ``nn.Conv2d`` needs the keys as batch (a full permuted copy of the map) and
+    oneDNN pads the 1-5 head channels to its channel block (≈ 8× the map, measured in
+    docs/profiles.md); the slices here are views, and backward writes each input element once
+    (``k == s``) without saving anything but the input.
+    """
+
+    @staticmethod
+    def forward(ctx, attn, weight, stride, out_hw):
+        b, h, hq, wq, nk = attn.shape
+        o, k = weight.shape[0], weight.shape[-1]
+        rows, cols = _taps(hq, out_hw[0], k, stride), _taps(wq, out_hw[1], k, stride)
+        out = attn.new_zeros(b, o, out_hw[0], out_hw[1], nk)
+        for i in range(k):
+            for j in range(k):
+                if not rows[i] or not cols[j]:
+                    continue
+                src = attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
+                dst = out[:, :, :rows[i], :cols[j]]
+                for c in range(h):
+                    dst.addcmul_(src[:, c:c + 1], weight[:, c, i, j].view(1, o, 1, 1, 1))
+        ctx.save_for_backward(attn, weight)
+        ctx.geometry = (stride, rows, cols)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        attn, weight = ctx.saved_tensors
+        stride, rows, cols = ctx.geometry
+        b, h = attn.shape[:2]
+        o, k = weight.shape[0], weight.shape[-1]
+        grad_out = grad_out.contiguous()
+        need_attn, need_weight = ctx.needs_input_grad[:2]
+        covered = k == stride and sum(rows) == attn.shape[2] and sum(cols) == attn.shape[3]
+        grad_attn = grad_weight = None
+        if need_attn:  # every input read exactly once when k == s: no zero fill needed
+            grad_attn = torch.empty_like(attn) if covered else torch.zeros_like(attn)
+        if need_weight:
+            grad_weight = torch.zeros_like(weight)
+        for i in range(k):
+            for j in range(k):
+                if not rows[i] or not cols[j]:
+                    continue
+                g = grad_out[:, :, :rows[i], :cols[j]]
+                src = attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
+                if need_attn:
+                    part = torch.matmul(weight[:, :, i, j].t(), g.reshape(b, o, -1))
+                    part = part.view(b, h, *g.shape[2:])
+                    dst = grad_attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
+                    dst.copy_(part) if covered else dst.add_(part)
+                if need_weight:
+                    grad_weight[:, :, i, j] = torch.matmul(
+                        g.reshape(b, o, -1), src.reshape(b, h, -1).transpose(1, 2)).sum(0)
+        return grad_attn, grad_weight, None, None
+
+
 @register_model
 class AttentionResidualDownsample(BaseModule):
     """Carries the last attention map of stage ``s`` into the first layer of stage ``s+1``.
@@ -34,6 +116,10 @@ class AttentionResidualDownsample(BaseModule):
     raster strips). The 1×1 conv then exchanges information across heads
     (``in_heads → out_heads``) and LayerScale (CaiT) scales each output head by a learnable
     ``γ`` initialised small, so the residual starts almost neutral.
+
+    The three linear maps are applied as one: ``W[o, h, i, j] = γ_o·pw[o, h]·dw[h, i, j]`` and
+    bias ``γ_o·(pw[o]·b_dw + b_pw[o])``, summed over strided slices of the scores' query grid
+    (:class:`_QueryGridConv`); the parameters keep the conv names and shapes (checkpoints load).
 
     With PVT spatial reduction the key grid is the same in every stage (``H/32×W/32``), so by
     default only queries are downsampled; ``key_stride > 1`` also average-pools the key grid
@@ -71,10 +157,38 @@ class AttentionResidualDownsample(BaseModule):
         self.pwconv = nn.Conv2d(in_heads, out_heads, 1)
         self.gamma = (nn.Parameter(torch.full((out_heads, ), float(layer_scale_init)))
                       if layer_scale_init is not None else None)
+        self._window_cache = {}
 
     def out_grid(self, q_hw):
         """Query grid after downsampling (``ceil``, as the padding patch embedding)."""
         return tuple(-(-s // self.stride) for s in q_hw)
+
+    def folded(self):
+        """``(W (out, in, k, k), bias (out,))`` of ``γ·pwconv(dwconv(·))``."""
+        pw = self.pwconv.weight[:, :, 0, 0]
+        weight = pw[:, :, None, None] * self.dwconv.weight[:, 0][None]
+        bias = pw @ self.dwconv.bias + self.pwconv.bias
+        if self.gamma is not None:
+            weight = weight * self.gamma.view(-1, 1, 1, 1)
+            bias = bias * self.gamma
+        return weight, bias
+
+    def _check(self, attn, q_hw, k_hw):
+        _, h, nq, nk = attn.shape
+        if h != self.in_heads or nq != q_hw[0] * q_hw[1] or nk != k_hw[0] * k_hw[1]:
+            raise ValueError(f'attention {tuple(attn.shape)} does not match in_heads='
+                             f'{self.in_heads}, q_hw={tuple(q_hw)}, k_hw={tuple(k_hw)}')
+
+    def _conv(self, attn, q_hw, out_hw, weight):
+        """``(B, in, Hq*Wq, Nk)`` → ``(B, out, Hq'*Wq', Nk)`` without bias."""
+        b, h, _, nk = attn.shape
+        grid = attn.reshape(b, h, *q_hw, nk)
+        weight = weight.to(attn.dtype)  # the scores' dtype, as a conv under autocast
+        if torch.jit.is_tracing():  # what a MAC counter can see: one einsum per kernel tap
+            out = query_grid_conv_reference(grid, weight, self.stride, out_hw)
+        else:
+            out = _QueryGridConv.apply(grid, weight, self.stride, tuple(out_hw))
+        return out.reshape(b, self.out_heads, out_hw[0] * out_hw[1], nk)
 
     def forward(self, attn, q_hw, k_hw, out_k_hw=None):
         """Args:
@@ -85,23 +199,13 @@ class AttentionResidualDownsample(BaseModule):
         Returns:
             Tensor: ``(B, out_heads, Hq'*Wq', Hk'*Wk')`` residual scores.
         """
-        b, h, nq, nk = attn.shape
-        if h != self.in_heads or nq != q_hw[0] * q_hw[1] or nk != k_hw[0] * k_hw[1]:
-            raise ValueError(f'attention {tuple(attn.shape)} does not match in_heads='
-                             f'{self.in_heads}, q_hw={tuple(q_hw)}, k_hw={tuple(k_hw)}')
-        # one (heads, Hq, Wq) image per key: convolve the query grid, heads as channels
-        x = attn.permute(0, 3, 1, 2).reshape(b * nk, h, *q_hw)
-        k = self.dwconv.kernel_size[0]
-        pad = [(-s) % self.stride + max(k - self.stride, 0) for s in q_hw]
-        if pad[0] or pad[1]:
-            x = F.pad(x, (0, pad[1], 0, pad[0]))
-        x = self.pwconv(self.dwconv(x))
-        oq = x.shape[-2:]
-        if self.gamma is not None:
-            x = x * self.gamma.view(1, -1, 1, 1)
-        x = x.reshape(b, nk, self.out_heads, oq[0] * oq[1]).permute(0, 2, 3, 1)
+        self._check(attn, q_hw, k_hw)
+        weight, bias = self.folded()
+        oq = self.out_grid(q_hw)
+        x = self._conv(attn, q_hw, oq, weight)
+        x = x + bias.to(x.dtype).view(1, -1, 1, 1)
         if self.key_stride > 1:
-            s = self.key_stride
+            b, s = x.shape[0], self.key_stride
             grid = x.reshape(b * self.out_heads, oq[0] * oq[1], *k_hw)
             grid = F.avg_pool2d(grid, s, s, ceil_mode=True)
             k_hw = tuple(grid.shape[-2:])
@@ -109,3 +213,88 @@ class AttentionResidualDownsample(BaseModule):
         if out_k_hw is not None:
             x = fit_key_grid(x, k_hw, out_k_hw)
         return x
+
+    def _window_geometry(self, q_hw, k_hw, n_win, q_win, k_win, device):
+        """Per shape (cached; integer logic only): flat indices of each window's input block in
+        the map, the mask of those that exist, and the mask of the residual entries the global
+        module would produce (the others are zero there: padding, no bias)."""
+        key = (tuple(q_hw), tuple(k_hw), tuple(n_win), tuple(q_win), tuple(k_win), str(device))
+        if key in self._window_cache:
+            return self._window_cache[key]
+        s, ks, kernel = self.stride, self.key_stride, self.dwconv.kernel_size[0]
+        (nh, nw), (qh, qw), (kh, kw) = n_win, q_win, k_win
+        in_q = ((qh - 1) * s + kernel, (qw - 1) * s + kernel)
+        in_k = (kh * ks, kw * ks)
+        out_q, out_k = self.out_grid(q_hw), tuple(-(-k // ks) for k in k_hw)
+
+        def axis(n, step, size, dim):
+            """Positions ``window·step + offset`` as a 7-d tensor (windows a, b, heads, query
+            rows, query cols, key rows, key cols); rows sit on window axis a, cols on b."""
+            pos = (torch.arange(n, device=device)[:, None] * step
+                   + torch.arange(size, device=device))
+            shape = [1] * 7
+            shape[(dim + 1) % 2], shape[dim] = n, size
+            return pos.view(shape)
+
+        qr, qc = axis(nh, qh * s, in_q[0], 3), axis(nw, qw * s, in_q[1], 4)
+        kr, kc = axis(nh, kh * ks, in_k[0], 5), axis(nw, kw * ks, in_k[1], 6)
+        heads = torch.arange(self.in_heads, device=device).view(1, 1, -1, 1, 1, 1, 1)
+        index = ((heads * q_hw[0] + qr) * q_hw[1] + qc) * (k_hw[0] * k_hw[1]) + (
+            kr * k_hw[1] + kc)
+        in_valid = None
+        if ((nh - 1) * qh * s + in_q[0] > q_hw[0] or (nw - 1) * qw * s + in_q[1] > q_hw[1]
+                or nh * in_k[0] > k_hw[0] or nw * in_k[1] > k_hw[1]):
+            in_valid = ((qr < q_hw[0]) & (qc < q_hw[1]) & (kr < k_hw[0]) & (kc < k_hw[1]))
+            in_valid = in_valid.expand(index.shape)
+            index = torch.where(in_valid, index, torch.zeros_like(index))
+            in_valid = in_valid.reshape(nh * nw, self.in_heads, in_q[0], in_q[1], -1)
+        out_valid = None
+        if nh * qh > out_q[0] or nw * qw > out_q[1] or nh * kh > out_k[0] or nw * kw > out_k[1]:
+            out_valid = ((axis(nh, qh, qh, 3) < out_q[0]) & (axis(nw, qw, qw, 4) < out_q[1])
+                         & (axis(nh, kh, kh, 5) < out_k[0]) & (axis(nw, kw, kw, 6) < out_k[1]))
+            out_valid = out_valid.reshape(nh * nw, 1, qh * qw, kh * kw)
+        count = None
+        if ks > 1:  # in-bounds fine key cells per pooled cell: avg_pool2d's ceil_mode divisor
+            fine = ((kr < k_hw[0]) & (kc < k_hw[1])).to(torch.get_default_dtype())
+            count = fine.reshape(nh * nw, 1, kh, ks, kw, ks).sum((3, 5)).clamp(min=1)
+            count = count.reshape(nh * nw, 1, 1, kh * kw)
+        geometry = dict(index=index.reshape(-1), in_valid=in_valid, in_q=in_q, in_k=in_k,
+                        out_valid=out_valid, count=count)
+        self._window_cache[key] = geometry
+        return geometry
+
+    def forward_windows(self, attn, q_hw, k_hw, n_win, q_win, k_win):
+        """The residual of each window of the next stage from the same window of this map.
+
+        Equals the global residual (:meth:`forward`) cut into the ``n_win`` windows of
+        ``q_win`` queries × ``k_win`` keys of the next stage (query grid zero-padded, key grid
+        cropped/zero-padded to whole windows), but only the window-diagonal blocks of ``attn``
+        are read: linear instead of quadratic in the pixels.
+
+        Args:
+            attn (Tensor): ``(B, in_heads, Hq*Wq, Hk*Wk)`` scores of stage ``s`` (global).
+            q_hw, k_hw (tuple[int]): Its query and key grids.
+            n_win (tuple[int]): Windows of stage ``s+1`` (rows, cols).
+            q_win, k_win (tuple[int]): Query / key cells of one window of stage ``s+1``.
+
+        Returns:
+            Tensor: ``(B*nW, out_heads, qh*qw, kh*kw)``, windows in raster order per image.
+        """
+        self._check(attn, q_hw, k_hw)
+        b, h = attn.shape[:2]
+        n = n_win[0] * n_win[1]
+        geo = self._window_geometry(q_hw, k_hw, n_win, q_win, k_win, attn.device)
+        blocks = attn.reshape(b, -1).index_select(1, geo['index'])
+        blocks = blocks.view(b * n, h, *geo['in_q'], -1)
+        if geo['in_valid'] is not None:
+            blocks = blocks * geo['in_valid'].repeat(b, 1, 1, 1, 1)
+        weight, bias = self.folded()
+        x = self._conv(blocks.view(b * n, h, -1, blocks.shape[-1]), geo['in_q'], q_win, weight)
+        if self.key_stride > 1:
+            s, (kh, kw) = self.key_stride, k_win
+            x = x.reshape(b * n, self.out_heads, -1, kh, s, kw, s).sum((4, 6))
+            x = (x.reshape(b, n, self.out_heads, -1, kh * kw) / geo['count']).flatten(0, 1)
+        bias = bias.to(x.dtype).view(1, -1, 1, 1)
+        if geo['out_valid'] is None:
+            return x + bias
+        return (x.view(b, n, *x.shape[1:]) + bias * geo['out_valid']).flatten(0, 1)

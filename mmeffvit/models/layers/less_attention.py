@@ -1,6 +1,7 @@
 """Vanilla and less attention of LaViT (Zhang et al., CVPR 2024, sec. 3.2, Eq. 4-5)."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .spatial_reduction_attention import SpatialReductionMixin
 
@@ -24,6 +25,8 @@ class _ScoreAttention(SpatialReductionMixin, nn.Module):
     def __init__(self, embed_dims, num_heads, sr_ratio):
         super().__init__()
         self.build_spatial_reduction(embed_dims, sr_ratio)
+        if sr_ratio > 1:  # its input is a channels-last view of the tokens: no NCHW copy
+            self.sr.to(memory_format=torch.channels_last)
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
@@ -63,18 +66,35 @@ class VanillaAttention(_ScoreAttention):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, hw_shape, residual=None, key_mask=None):
-        """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` added to the scores (AR, Eq. 7).
+    def forward(self, x, hw_shape, residual=None, key_mask=None, need_scores=True):
+        """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` added to the scores (AR, Eq. 7);
+        need_scores: False when nobody reads this layer's scores.
 
         Returns:
             tuple: output ``(B, N, C)``, scores ``(B, H, N, Nk)`` (pre-softmax, unmasked),
-            probabilities ``(B, H, N, Nk)`` and the key grid.
+            probabilities ``(B, H, N, Nk)`` and the key grid; scores and probabilities are None
+            when not needed (then ``F.scaled_dot_product_attention`` stores no map).
         """
         b, n, c = x.shape
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
         kv_src, k_hw = self.reduce_tokens(x, hw_shape)
         k, v = self.kv(kv_src).reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
+        # a residual that needs a gradient sends CPU SDPA to its explicit math path, which
+        # stores the same maps as below: use SDPA where it runs a fused kernel
+        fused = not need_scores and not (
+            residual is not None and residual.requires_grad and torch.is_grad_enabled()
+            and x.device.type == 'cpu')
+        if fused:
+            mask = None if key_mask is None else ~key_mask  # SDPA: True = attend
+            if residual is not None:
+                mask = residual.to(q.dtype)
+                if key_mask is not None:
+                    mask = mask.masked_fill(key_mask, float('-inf'))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.attn_drop.p if self.training else 0.)
+            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+            return out, None, None, k_hw
         scores = (q * self.scale) @ k.transpose(-2, -1)
         if residual is not None:
             scores = scores + residual.to(scores.dtype)

@@ -1,0 +1,161 @@
+"""LaViT's fast paths against plain formulations: the AR module as strided-slice sums vs the
+conv formulation, the per-window AR vs the global one cut into windows, SDPA VA layers vs the
+explicit scores, and a forward without host synchronisations."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from mmeffvit.models import AttentionResidualDownsample, LaViT
+from mmeffvit.models.layers.attention_residual import query_grid_conv_reference
+from mmeffvit.models.layers.less_attention import VanillaAttention
+
+# (in_heads, out_heads, kernel, stride, key_stride, query grid, key grid)
+AR_CASES = [(1, 2, 2, 2, 1, (6, 8), (2, 3)), (2, 5, 2, 2, 1, (7, 9), (3, 4)),
+            (2, 3, 3, 2, 1, (7, 9), (3, 4)), (2, 3, 2, 2, 2, (5, 6), (5, 6))]
+
+
+def conv_residual(ar, attn, q_hw, k_hw):
+    """The AR module as sec. 3.3 writes it: per key, the heads' maps over the query grid are a
+    zero-padded image; depthwise conv, 1x1 conv, LayerScale, optional key average pooling."""
+    b, h, _, nk = attn.shape
+    x = attn.permute(0, 3, 1, 2).reshape(b * nk, h, *q_hw)
+    k, s = ar.dwconv.kernel_size[0], ar.stride
+    x = F.pad(x, (0, (-q_hw[1]) % s + k - s, 0, (-q_hw[0]) % s + k - s))
+    x = F.conv2d(x, ar.dwconv.weight, ar.dwconv.bias, stride=s, groups=h)
+    x = F.conv2d(x, ar.pwconv.weight, ar.pwconv.bias) * ar.gamma.view(1, -1, 1, 1)
+    nq = x.shape[-2] * x.shape[-1]
+    x = x.reshape(b, nk, -1, nq).permute(0, 2, 3, 1)
+    if ar.key_stride > 1:
+        grid = x.reshape(-1, nq, *k_hw)
+        grid = F.avg_pool2d(grid, ar.key_stride, ar.key_stride, ceil_mode=True)
+        x = grid.reshape(b, -1, nq, grid.shape[-2] * grid.shape[-1])
+    return x
+
+
+def random_ar(hi, ho, k, s, ks):
+    ar = AttentionResidualDownsample(hi, ho, kernel_size=k, stride=s, key_stride=ks,
+                                     layer_scale_init=0.5)
+    with torch.no_grad():
+        for p in ar.parameters():
+            p.normal_()
+    return ar
+
+
+def grads(loss, ar, attn):
+    names = [n for n, _ in ar.named_parameters()]
+    values = torch.autograd.grad(loss, [p for _, p in ar.named_parameters()] + [attn])
+    return dict(zip(names + ['attn'], values))
+
+
+@pytest.mark.parametrize('case', AR_CASES)
+def test_residual_equals_conv_formulation_with_gradients(case):
+    hi, ho, k, s, ks, q_hw, k_hw = case
+    torch.manual_seed(0)
+    ar = random_ar(hi, ho, k, s, ks)
+    assert [n for n, _ in ar.named_parameters()] == [
+        'gamma', 'dwconv.weight', 'dwconv.bias', 'pwconv.weight', 'pwconv.bias']
+    attn = torch.randn(2, hi, q_hw[0] * q_hw[1], k_hw[0] * k_hw[1], dtype=torch.float64,
+                       requires_grad=True)
+    ar = ar.double()
+    out, ref = ar(attn, q_hw, k_hw), conv_residual(ar, attn, q_hw, k_hw)
+    torch.testing.assert_close(out, ref)
+    weight = torch.randn_like(ref)
+    got, want = grads((out * weight).sum(), ar, attn), grads((ref * weight).sum(), ar, attn)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+
+
+def test_traced_reference_equals_autograd_function():
+    torch.manual_seed(0)
+    for k, out_hw in ((2, (4, 5)), (3, (4, 5))):
+        attn = torch.randn(2, 3, 7, 9, 6)
+        weight = torch.randn(4, 3, k, k)
+        ar = AttentionResidualDownsample(3, 4, kernel_size=k)
+        ar.dwconv.weight.data.copy_(torch.randn(3, 1, k, k))
+        with torch.no_grad():
+            ref = query_grid_conv_reference(attn, weight, 2, out_hw)
+            traced = torch.jit.trace(
+                lambda a: ar._conv(a, (7, 9), out_hw, weight), attn.reshape(2, 3, 63, 6))
+            torch.testing.assert_close(traced(attn.reshape(2, 3, 63, 6)).reshape(ref.shape), ref)
+            torch.testing.assert_close(
+                ar._conv(attn.reshape(2, 3, 63, 6), (7, 9), out_hw, weight).reshape(ref.shape),
+                ref, rtol=1e-5, atol=1e-5)
+
+
+def cut_into_windows(res, q_hw, k_hw, n_win, q_win, k_win):
+    """Window blocks of a global residual ``(B, o, Hq*Wq, Hk*Wk)``, query/key grids zero-padded
+    (or cropped) to whole windows, by loops."""
+    b, o = res.shape[:2]
+    (nh, nw), (qh, qw), (kh, kw) = n_win, q_win, k_win
+    full = res.new_zeros(b, o, nh * qh, nw * qw, nh * kh, nw * kw)
+    grid = res.reshape(b, o, *q_hw, *k_hw)
+    r, c = min(q_hw[0], nh * qh), min(q_hw[1], nw * qw)
+    kr, kc = min(k_hw[0], nh * kh), min(k_hw[1], nw * kw)
+    full[:, :, :r, :c, :kr, :kc] = grid[:, :, :r, :c, :kr, :kc]
+    blocks = [full[i, :, a * qh:(a + 1) * qh, w * qw:(w + 1) * qw, a * kh:(a + 1) * kh,
+                   w * kw:(w + 1) * kw].reshape(o, qh * qw, kh * kw)
+              for i in range(b) for a in range(nh) for w in range(nw)]
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize('case', [
+    # (in, out, kernel, key stride, query grid, key grid, windows, query / key cells per window)
+    (2, 5, 2, 1, (8, 12), (2, 3), (1, 1), (4, 6), (2, 3)),      # one window, exact
+    (2, 5, 2, 1, (7, 9), (3, 4), (2, 2), (2, 3), (2, 2)),       # odd grids: padding both ways
+    (2, 5, 2, 1, (28, 38), (9, 11), (2, 2), (7, 10), (4, 5)),   # keys cropped, queries padded
+    (2, 3, 2, 2, (20, 28), (20, 27), (2, 3), (6, 6), (6, 6)),   # pooled keys, partial cells
+    (2, 3, 3, 1, (7, 9), (3, 4), (2, 2), (2, 3), (2, 2))])      # overlapping kernel
+def test_per_window_residual_equals_global_cut_into_windows(case):
+    hi, ho, k, ks, q_hw, k_hw, n_win, q_win, k_win = case
+    torch.manual_seed(0)
+    ar = random_ar(hi, ho, k, 2, ks).double()
+    attn = torch.randn(2, hi, q_hw[0] * q_hw[1], k_hw[0] * k_hw[1], dtype=torch.float64,
+                       requires_grad=True)
+    out = ar.forward_windows(attn, q_hw, k_hw, n_win, q_win, k_win)
+    k_out = tuple(-(-n // ks) for n in k_hw)
+    ref = cut_into_windows(ar(attn, q_hw, k_hw), ar.out_grid(q_hw), k_out, n_win, q_win, k_win)
+    torch.testing.assert_close(out, ref)
+    weight = torch.randn_like(ref)
+    got, want = grads((out * weight).sum(), ar, attn), grads((ref * weight).sum(), ar, attn)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+    # the gather index is built once per shape
+    assert len(ar._window_cache) == 1
+    ar.forward_windows(attn, q_hw, k_hw, n_win, q_win, k_win)
+    assert len(ar._window_cache) == 1
+
+
+@pytest.mark.parametrize('with_mask', [False, True])
+def test_vanilla_attention_without_scores_equals_explicit_scores(with_mask):
+    torch.manual_seed(0)
+    va = VanillaAttention(16, 2, sr_ratio=2).double()
+    x = torch.randn(3, 6 * 8, 16, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(3, 2, 48, 12, dtype=torch.float64)
+    mask = torch.zeros(3, 1, 1, 12, dtype=torch.bool)
+    mask[1, ..., 8:] = True
+    mask = mask if with_mask else None
+    for res in (None, residual):
+        fast, scores, probs, k_hw = va(x, (6, 8), res, mask, need_scores=False)
+        assert scores is None and probs is None and k_hw == (3, 4)
+        ref = va(x, (6, 8), res, mask)[0]
+        tol = dict(rtol=1e-5, atol=1e-6)  # the explicit path's softmax runs in fp32
+        torch.testing.assert_close(fast, ref, **tol)
+        g_fast = torch.autograd.grad(fast.square().sum(), [x] + list(va.parameters()))
+        g_ref = torch.autograd.grad(ref.square().sum(), [x] + list(va.parameters()))
+        for a, b in zip(g_fast, g_ref):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_forward_has_no_host_synchronisation():
+    """Masks and windows are decided on integers: no ``.item()`` / ``bool(tensor)`` in a forward
+    (each is an ``aten::_local_scalar_dense`` call, a device sync on a GPU)."""
+    model = LaViT('tiny', drop_path_rate=0.).eval()
+    x = torch.rand(1, 3, 150, 230)  # padded windows in stages 3-4: key masks are built
+    with torch.no_grad():
+        model(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x)
+    names = [e.key for e in prof.key_averages()]
+    assert 'aten::_local_scalar_dense' not in names
+    assert len(model._mask_cache) == 2  # stages 3 and 4, reused by the second forward
