@@ -82,6 +82,71 @@ def window_attention_mask(bias, images):
     return bias if images == 1 else bias.repeat(images, 1, 1, 1)
 
 
+def _sum_to(grad, shape):
+    """Sum ``grad`` over the dimensions that ``shape`` broadcast (size 1 there)."""
+    dims = [i for i, (g, n) in enumerate(zip(grad.shape, shape)) if n == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+class _RecomputedBiasAttention(torch.autograd.Function):
+    """``softmax(q·kᵀ·scale + bias + mask)·v`` whose backward recomputes the probabilities.
+
+    With a bias that needs a gradient, torch's fused CPU attention is not used and its
+    composite path stores the scores' probabilities (and the summed mask) for backward, a
+    tensor as large as the scores per block. Here the forward runs the fused kernel and only
+    q, k, v, the output and the two small mask terms are kept; the backward rebuilds the
+    probabilities of this one block (the standard softmax-attention gradients) and returns
+    the bias gradient summed over the windows it was broadcast to.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale):
+        full = bias if mask is None else bias + mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+        ctx.save_for_backward(q, k, v, bias, mask, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, mask, out = ctx.saved_tensors
+        scores = torch.matmul(q, k.transpose(-2, -1)) * ctx.scale + bias
+        if mask is not None:
+            scores = scores + mask
+        if scores.dtype in (torch.float16, torch.bfloat16):  # softmax in fp32, as autocast
+            probs = scores.float().softmax(-1).to(scores.dtype)
+        else:
+            probs = scores.softmax(-1)
+        del scores
+        grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
+        grad_p = torch.matmul(grad_out, v.transpose(-2, -1))
+        grad_p -= (grad_out * out).sum(-1, keepdim=True)
+        grad_s = probs.mul_(grad_p)
+        del grad_p
+        grad_q = torch.matmul(grad_s, k) * ctx.scale
+        grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * ctx.scale
+        grad_bias = _sum_to(grad_s, bias.shape) if ctx.needs_input_grad[3] else None
+        return grad_q, grad_k, grad_v, grad_bias, None, None
+
+
+def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
+    """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask``.
+
+    ``bias`` (e.g. a relative position bias, ``(1|B', h, n, N)``) may need a gradient;
+    ``mask`` (``(B'|1, 1|h, n|1, N)``, no gradient) may be None. When autograd records through
+    ``bias`` on a CPU without dropout, :class:`_RecomputedBiasAttention` keeps the fused kernel
+    and stores no probabilities; otherwise torch's own dispatch runs on the summed mask.
+    """
+    if (bias is not None and bias.requires_grad and torch.is_grad_enabled()
+            and q.device.type == 'cpu' and not dropout_p):
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        return _RecomputedBiasAttention.apply(q, k, v, bias, mask, scale)
+    full = mask if bias is None else (bias if mask is None else bias + mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
+                                          scale=scale)
+
+
 def cache_allowed(*tables):
     """Whether tensors derived from the parameters ``tables`` may be cached: not while autograd
     records through them (then each call must gather them again to get their gradients)."""
@@ -189,10 +254,17 @@ class WindowMSA(nn.Module):
         h = self.num_heads
         q, k, v = self.qkv(x).reshape(bw, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
         images = 1 if mask is None else bw // mask.shape[0]
-        attn_mask = self.attention_mask(window, mask, q.dtype, images)
         drop = self.attn_drop.p if self.training else 0.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop,
-                                             scale=self.qk_scale)
+        if self.window_size is not None and not cache_allowed(self.relative_position_bias_table):
+            # training the table: its bias and the shift mask stay apart (see biased_attention)
+            bias = self.relative_bias(window)[None].to(q.dtype)
+            if mask is not None:
+                mask = window_attention_mask(mask[:, None].to(q.dtype), images)
+            out = biased_attention(q, k, v, bias, mask, self.qk_scale, drop)
+        else:
+            attn_mask = self.attention_mask(window, mask, q.dtype, images)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop,
+                                                 scale=self.qk_scale)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(bw, n, c)))
 
 
