@@ -321,3 +321,30 @@ def test_resize_bias_table_keeps_a_constant_table_and_the_centre():
     torch.testing.assert_close(resize_bias_table(table, 529), torch.full((529, 3), 0.7))
     ramp = torch.arange(13.).repeat(13)[:, None]  # linear in dx: bicubic keeps the zero offset
     assert resize_bias_table(ramp, 529).reshape(23, 23)[11, 11] == pytest.approx(6.0, abs=1e-4)
+
+
+@pytest.mark.parametrize('with_mask', [False, True])
+def test_biased_attention_matches_explicit_softmax_with_gradients(with_mask):
+    # the recomputing backward (bias that needs a gradient, CPU) against autograd through an
+    # explicit softmax, in float64: output and the gradients of q, k, v and the bias
+    from mmeffvit.models.layers.relative_position import biased_attention
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(6, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    k2 = torch.randn(6, 2, 7, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    v2 = torch.randn(6, 2, 7, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(1, 2, 5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = None
+    if with_mask:
+        mask = torch.zeros(6, 1, 1, 7, dtype=torch.float64)
+        mask[::2, ..., -2:] = float('-inf')
+    grad = torch.randn(6, 2, 5, 3, generator=gen, dtype=torch.float64)
+    out = biased_attention(q, k2, v2, bias, mask, scale=0.3)
+    assert out.grad_fn is not None and 'Recomputed' in type(out.grad_fn).__name__
+    got = torch.autograd.grad(out, (q, k2, v2, bias), grad)
+    scores = q @ k2.transpose(-2, -1) * 0.3 + bias + (0 if mask is None else mask)
+    ref = scores.softmax(-1) @ v2
+    want = torch.autograd.grad(ref, (q, k2, v2, bias), grad)
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

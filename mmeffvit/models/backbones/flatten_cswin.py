@@ -11,20 +11,6 @@ from ..layers import FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
-def _to_windows(x, wh, ww):
-    """``(B, C, H, W)``, ``H % wh == W % ww == 0`` → ``(B·nW, C, wh, ww)``, row-major windows."""
-    b, c, h, w = x.shape
-    x = x.reshape(b, c, h // wh, wh, w // ww, ww).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(-1, c, wh, ww)
-
-
-def _from_windows(x, b, h, w):
-    """Inverse of :func:`_to_windows`: ``(B·nW, C, wh, ww)`` → ``(B, C, H, W)``."""
-    _, c, wh, ww = x.shape
-    x = x.reshape(b, h // wh, w // ww, c, wh, ww).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, c, h, w)
-
-
 class ConvStem(nn.Sequential):
     """CSWin's overlapping stem: Conv 7×7 stride 4 pad 2, tokens, LayerNorm (sec. 3.1 of CSWin).
 
@@ -93,6 +79,7 @@ class LePEAttention(nn.Module):
         self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
         self.get_v = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
         self.attn_drop = nn.Dropout(attn_drop)
+        self._mask_cache = {}  # run-time cache of padding masks (not state)
 
     def window_shape(self, hw):
         """Stripe window ``(wh, ww)`` on a map of ``hw``."""
@@ -101,34 +88,70 @@ class LePEAttention(nn.Module):
             return h, w
         return (h, self.split_size) if self.idx == 0 else (self.split_size, w)
 
-    def forward(self, q, k, v, hw):
-        """Args: q, k, v ``(B, H*W, C)``; hw ``(H, W)``. Returns ``(B, H*W, C)``."""
+    def padding_mask(self, hw, dtype, device):
+        """Additive mask ``(nW, 1, 1, n)`` hiding the padded keys of each stripe (None when the
+        map needs no padding), cached per geometry; every stripe starts inside the map, so each
+        row keeps at least one real key."""
+        h, w = hw
+        wh, ww = self.window_shape(hw)
+        pad_h, pad_w = (-h) % wh, (-w) % ww
+        if not (pad_h or pad_w):
+            return None
+        key = (h, w, dtype, device, torch.is_inference_mode_enabled())
+        if key not in self._mask_cache:
+            real = torch.zeros(h + pad_h, w + pad_w, dtype=torch.bool, device=device)
+            real[:h, :w] = True
+            real = real.reshape((h + pad_h) // wh, wh, (w + pad_w) // ww, ww)
+            real = real.permute(0, 2, 1, 3).reshape(-1, 1, 1, wh * ww)
+            mask = torch.zeros(real.shape, dtype=dtype, device=device)
+            if len(self._mask_cache) >= 8:
+                self._mask_cache.clear()
+            self._mask_cache[key] = mask.masked_fill_(~real, float('-inf'))
+        return self._mask_cache[key]
+
+    def forward(self, q, k, v, hw, out=None):
+        """Args: q, k, v ``(B, H*W, C)`` (views into the block's ``qkv`` are fine); hw
+        ``(H, W)``; out: optional ``(B, H*W, C)`` view (the block's channel slice) the result is
+        written into. Returns ``(B, H*W, C)`` (``out`` when given).
+
+        Stripes are cut straight from the ``(B, H, W, C)`` view of each tensor, heads split in
+        the same reshape (one copy, none for unpadded horizontal / whole-map stripes), and
+        attended by ``F.scaled_dot_product_attention`` with the padding mask.
+        """
         b, _, c = q.shape
         h, w = hw
         wh, ww = self.window_shape(hw)
         pad_h, pad_w = (-h) % wh, (-w) % ww
-        maps = [tokens_to_map(t, hw) for t in (q, k, v)]
-        if pad_h or pad_w:
-            maps = [F.pad(m, (0, pad_w, 0, pad_h)) for m in maps]
-        qw, kw, vw = (_to_windows(m, wh, ww) for m in maps)
-        lepe = self.get_v(vw)  # zeros beyond the map, as the conv's own padding at a stripe edge
+        hp, wp = h + pad_h, w + pad_w
+        gh, gw = hp // wh, wp // ww
         nh, d, n = self.num_heads, c // self.num_heads, wh * ww
 
-        def heads(t):  # (B', C, wh, ww) -> (B', nh, n, d), channel = head * d + j
-            return t.reshape(-1, nh, d, n).transpose(-2, -1)
+        def stripes(t):  # (B, H*W, C) -> (B·nW, wh, ww, C), windows row-major
+            t = t.view(b, h, w, c)
+            if pad_h or pad_w:
+                t = F.pad(t, (0, 0, 0, pad_w, 0, pad_h))
+            t = t.reshape(b, gh, wh, gw, ww, c).transpose(2, 3)
+            return t.reshape(b * gh * gw, wh, ww, c)
 
-        attn = (heads(qw) * self.scale) @ heads(kw).transpose(-2, -1)
-        if pad_h or pad_w:
-            # every stripe starts inside the map, so each row keeps at least one real key
-            valid = F.pad(q.new_ones(1, 1, h, w), (0, pad_w, 0, pad_h))
-            valid = _to_windows(valid, wh, ww).reshape(1, -1, 1, 1, n) > 0.5
-            attn = attn.reshape(b, -1, nh, n, n).masked_fill(~valid, float('-inf'))
-            attn = attn.reshape(-1, nh, n, n)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        out = attn @ heads(vw) + heads(lepe)
-        out = out.transpose(-2, -1).reshape(-1, c, wh, ww)
-        out = _from_windows(out, b, h + pad_h, w + pad_w)[:, :, :h, :w]
-        return map_to_tokens(out)[0]
+        def heads(t):  # (B', wh, ww, C) -> (B', nh, n, d), channel = head * d + j
+            return t.reshape(-1, n, nh, d).transpose(1, 2)
+
+        qw, kw, vw = stripes(q), stripes(k), stripes(v)
+        # channels-last view: zeros beyond the map act as the conv's own padding at an edge
+        lepe = self.get_v(vw.permute(0, 3, 1, 2))
+        drop = self.attn_drop.p if self.training else 0.
+        mask = self.padding_mask(hw, qw.dtype, qw.device)
+        if mask is not None and b > 1:
+            mask = mask.repeat(b, 1, 1, 1)
+        att = F.scaled_dot_product_attention(heads(qw), heads(kw), heads(vw), attn_mask=mask,
+                                             dropout_p=drop, scale=self.scale)
+        # (B', nh, n, d) + LePE -> (B, gh, wh, gw, ww, C) -> crop: one copy into the output
+        res = att.transpose(1, 2).reshape(-1, wh, ww, c) + lepe.permute(0, 2, 3, 1).to(att.dtype)
+        res = res.reshape(b, gh, gw, wh, ww, c).transpose(2, 3).reshape(b, hp, wp, c)[:, :h, :w]
+        if out is None:
+            return res.reshape(b, h * w, c)
+        out.view(b, h, w, c).copy_(res)
+        return out
 
 
 class LePEFocusedLinearAttention(FocusedLinearAttention):
@@ -195,12 +218,11 @@ class FLattenCSWinBlock(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         if len(self.attns) == 1:
             out = self.attns[0](q, k, v, hw)
-        else:
+        else:  # each branch writes its channel half of one output (no cat)
             half = x.shape[-1] // 2
-            out = torch.cat([
-                attn(q[..., sl], k[..., sl], v[..., sl], hw)
-                for attn, sl in zip(self.attns, (slice(0, half), slice(half, None)))
-            ], dim=-1)
+            out = q.new_empty(q.shape)
+            for attn, sl in zip(self.attns, (slice(0, half), slice(half, None))):
+                attn(q[..., sl], k[..., sl], v[..., sl], hw, out=out[..., sl])
         x = x + self.drop_path(self.proj(out))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 

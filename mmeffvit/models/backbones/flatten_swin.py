@@ -9,8 +9,8 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
-from ..layers.relative_position import shifted_window_mask
-from ..layers.window import pad_to_windows, window_partition, window_reverse
+from ..layers.relative_position import cached_shifted_window_mask
+from ..layers.window import pad_to_windows, window_order, window_order_inverse
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -66,15 +66,14 @@ class FLattenSwinBlock(nn.Module):
         window, shift = self.window_and_shift(hw_shape)
         x = pad_to_windows(x.view(b, height, width, c), window)
         hp, wp = x.shape[1], x.shape[2]
-        mask = None
-        if shift:
-            x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
-            mask = shifted_window_mask(hp, wp, window, shift, device=x.device)
-        out = self.attn(window_partition(x, window), window, mask)
-        x = window_reverse(out, window, hp, wp)
-        if shift:
-            x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
-        return x[:, :height, :width].reshape(b, n, c)
+        # roll by -shift and window partition as one gather, the reverse (window reverse, roll
+        # back, crop) as another, with indices cached per geometry (Swin's shift, sec. 3.2)
+        order = window_order(hp, wp, window, shift, x.device)
+        windows = x.reshape(b, hp * wp, c).index_select(1, order)
+        mask = cached_shifted_window_mask(hp, wp, window, shift, x.device) if shift else None
+        out = self.attn(windows.view(-1, window * window, c), window, mask)
+        back = window_order_inverse(height, width, hp, wp, window, shift, x.device)
+        return out.reshape(b, -1, c).index_select(1, back)
 
     def forward(self, x, hw_shape):
         y = self.norm1(x)

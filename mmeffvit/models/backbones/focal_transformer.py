@@ -16,7 +16,9 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
-from ..layers.relative_position import relative_position_index, resize_bias_table
+from ..layers.relative_position import (biased_attention, cache_allowed,
+                                        relative_position_index, resize_bias_table, tables_key,
+                                        window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -134,6 +136,30 @@ class FocalAttention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self._bias_cache = {}  # run-time cache of key_bias() in eval (not state)
+
+    def bias_tables(self):
+        tables = [self.relative_position_bias_table]
+        if self.expand_size > 0:
+            tables.append(self.relative_position_bias_table_to_neighbors)
+        return tables + list(self.relative_position_bias_table_to_windows)
+
+    def attention_mask(self, key_mask, dtype, images):
+        """Additive float mask ``(images·nW, h, w², N)``: :meth:`key_bias` plus the key mask.
+
+        The bias is gathered once per table version in eval (every call in training, for its
+        gradient); the sum with the per-window mask is built per call, as caching it would
+        keep a map as large as the scores per block.
+        """
+        tables = self.bias_tables()
+        if cache_allowed(*tables):
+            key = (dtype, ) + tables_key(*tables)
+            if self._bias_cache.get('key') != key:
+                self._bias_cache = dict(key=key, bias=self.key_bias().to(dtype))
+            bias = self._bias_cache['bias']
+        else:
+            bias = self.key_bias().to(dtype)
+        return window_attention_mask(bias + key_mask[:, None, None].to(dtype), images)
 
     def key_bias(self):
         """``(h, w², N)`` relative position bias of every key slot, in key order."""
@@ -160,28 +186,28 @@ class FocalAttention(nn.Module):
         """
         b, hp, wp, c = x.shape
         h, w = self.num_heads, self.window_size
-        q, k, v = self.qkv(x).reshape(b, hp * wp, 3, c).unbind(2)
-        banks_k, banks_v = [k], [v]
-        for p in pooled:
-            _, pk, pv = self.qkv(p).reshape(b, -1, 3, c).unbind(2)
-            banks_k.append(pk)
-            banks_v.append(pv)
-        zero = x.new_zeros(b, 1, c)
+        d = c // h
+        qkv = self.qkv(x).reshape(b, hp * wp, 3, c)
+        # one bank of (k, v) pairs, gathered by one index_select: measured faster, forward and
+        # backward, than indexing k and v banks apart or each bank apart and joining the gathers
+        banks = [qkv[:, :, 1:]] + [self.qkv(p).reshape(b, -1, 3, c)[:, :, 1:] for p in pooled]
+        bank = torch.cat(banks + [qkv.new_zeros(b, 1, 2, c)], 1)  # last: the zero token
         nw, n = index.shape
-        flat = index.reshape(-1)
-
-        def gather(banks):
-            bank = torch.cat(banks + [zero.to(banks[0].dtype)], 1)
-            return bank[:, flat].reshape(b, nw, n, h, c // h).transpose(2, 3)
-
-        keys, values = gather(banks_k), gather(banks_v)
-        q = window_partition(q.reshape(b, hp, wp, c), w, num_heads=h) * self.scale
-        attn = q @ keys.transpose(-2, -1)  # (B, nW, h, w², N)
-        attn = attn + self.key_bias().to(attn.dtype)
-        attn = attn + key_mask[None, :, None, None].to(attn.dtype)
-        attn = self.attn_drop(attn.softmax(-1))
-        out = attn.to(values.dtype) @ values  # (B, nW, h, w², d)
-        return self.proj_drop(self.proj(window_reverse(out, w, hp, wp)))
+        kv = bank.index_select(1, index.reshape(-1)).view(b * nw, n, 2, h, d)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B·nW, h, N, d)
+        q = window_partition(qkv[:, :, 0].reshape(b, hp, wp, c), w, num_heads=h)
+        q = q.reshape(b * nw, h, w * w, d)
+        drop = self.attn_drop.p if self.training else 0.
+        if cache_allowed(*self.bias_tables()):
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self.attention_mask(key_mask, q.dtype, b), dropout_p=drop,
+                scale=self.scale)
+        else:  # training the tables: bias and key mask stay apart (see biased_attention)
+            mask = window_attention_mask(key_mask[:, None, None].to(q.dtype), b)
+            out = biased_attention(q, k, v, self.key_bias()[None].to(q.dtype), mask,
+                                   self.scale, drop)
+        out = window_reverse(out.view(b, nw, h, w * w, d), w, hp, wp)
+        return self.proj_drop(self.proj(out))
 
 
 class FocalTransformerBlock(nn.Module):
@@ -498,6 +524,7 @@ class FocalTransformer(EffBackbone):
             ]
             down = focal_patch_embed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None
             self.layers.append(FocalStage(blocks, down))
+        self._geometry_cache = {}  # run-time cache (not state), see forward
         for i in out_indices:
             self.add_module(f'norm{i}', self.out_norm_layer(self.embed_dims[i]))
         self.add_final_norm(self.embed_dims[-1])
@@ -550,11 +577,15 @@ class FocalTransformer(EffBackbone):
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []
+        cache = self._geometry_cache
         for i, layer in enumerate(self.layers):
-            cache = {}
             for blk in layer.blocks:
-                key = blk.geometry_key(hw)
-                if key not in cache:  # one index per stage geometry, shared by its blocks
+                # one index per geometry, shared by the blocks and kept across calls (apart
+                # under inference_mode, whose tensors autograd cannot save for backward)
+                key = (blk.geometry_key(hw), x.device, torch.is_inference_mode_enabled())
+                if key not in cache:
+                    if len(cache) >= 16:
+                        cache.clear()
                     cache[key] = blk.geometry(hw, x.device)
                 if self.with_cp and self.training and x.requires_grad:
                     x = cp.checkpoint(blk, x, hw, cache[key], use_reentrant=False)

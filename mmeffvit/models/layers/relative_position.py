@@ -5,6 +5,8 @@ the additive mask of shifted windows, the bicubic resize of a table to another w
 Swin's window multi-head self-attention that uses them (FLatten-Swin's ``'S'`` stages,
 L²ViT's local windows without the bias, the Focal Transformer's window table).
 """
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -60,6 +62,104 @@ def shifted_window_mask(height, width, window, shift, device=None):
     return differs.float() * SHIFT_MASK_VALUE
 
 
+def cached_shifted_window_mask(height, width, window, shift, device=None):
+    """:func:`shifted_window_mask`, built once per geometry and device (shared: read only;
+    tensors made under ``inference_mode`` are kept apart, autograd refuses to save them)."""
+    return _shifted_window_mask(height, width, window, shift, device,
+                                torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=32)
+def _shifted_window_mask(height, width, window, shift, device, inference):
+    return shifted_window_mask(height, width, window, shift, device)
+
+
+def window_attention_mask(bias, images):
+    """An additive mask ``(nW, h|1, n, N)`` of one image's windows, repeated for ``images``
+    images so that it lines up with queries ``(images·nW, h, n, d)``. torch's fused CPU
+    attention wants a 4-D mask, and a 5-D ``(B, nW, ...)`` query falls back to its slow
+    composite path (measured 2.3× slower), so the mask is repeated rather than broadcast."""
+    return bias if images == 1 else bias.repeat(images, 1, 1, 1)
+
+
+def _sum_to(grad, shape):
+    """Sum ``grad`` over the dimensions that ``shape`` broadcast (size 1 there)."""
+    dims = [i for i, (g, n) in enumerate(zip(grad.shape, shape)) if n == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+class _RecomputedBiasAttention(torch.autograd.Function):
+    """``softmax(q·kᵀ·scale + bias + mask)·v`` whose backward recomputes the probabilities.
+
+    With a bias that needs a gradient, torch's fused CPU attention is not used and its
+    composite path stores the scores' probabilities (and the summed mask) for backward, a
+    tensor as large as the scores per block. Here the forward runs the fused kernel and only
+    q, k, v, the output and the two small mask terms are kept; the backward rebuilds the
+    probabilities of this one block (the standard softmax-attention gradients) and returns
+    the bias gradient summed over the windows it was broadcast to.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale):
+        full = bias if mask is None else bias + mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+        ctx.save_for_backward(q, k, v, bias, mask, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, mask, out = ctx.saved_tensors
+        scores = torch.matmul(q, k.transpose(-2, -1)) * ctx.scale + bias
+        if mask is not None:
+            scores = scores + mask
+        if scores.dtype in (torch.float16, torch.bfloat16):  # softmax in fp32, as autocast
+            probs = scores.float().softmax(-1).to(scores.dtype)
+        else:
+            probs = scores.softmax(-1)
+        del scores
+        grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
+        grad_p = torch.matmul(grad_out, v.transpose(-2, -1))
+        grad_p -= (grad_out * out).sum(-1, keepdim=True)
+        grad_s = probs.mul_(grad_p)
+        del grad_p
+        grad_q = torch.matmul(grad_s, k) * ctx.scale
+        grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * ctx.scale
+        grad_bias = _sum_to(grad_s, bias.shape) if ctx.needs_input_grad[3] else None
+        return grad_q, grad_k, grad_v, grad_bias, None, None
+
+
+def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
+    """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask``.
+
+    ``bias`` (e.g. a relative position bias, ``(1|B', h, n, N)``) may need a gradient;
+    ``mask`` (``(B'|1, 1|h, n|1, N)``, no gradient) may be None. When autograd records through
+    ``bias`` on a CPU without dropout, :class:`_RecomputedBiasAttention` keeps the fused kernel
+    and stores no probabilities; otherwise torch's own dispatch runs on the summed mask.
+    """
+    if (bias is not None and bias.requires_grad and torch.is_grad_enabled()
+            and q.device.type == 'cpu' and not dropout_p):
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        return _RecomputedBiasAttention.apply(q, k, v, bias, mask, scale)
+    full = mask if bias is None else (bias if mask is None else bias + mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
+                                          scale=scale)
+
+
+def cache_allowed(*tables):
+    """Whether tensors derived from the parameters ``tables`` may be cached: not while autograd
+    records through them (then each call must gather them again to get their gradients)."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tables))
+
+
+def tables_key(*tables):
+    """Cache key part that changes whenever a table is updated in place, moved or cast (and
+    with inference mode, whose tensors autograd cannot save)."""
+    return (torch.is_inference_mode_enabled(), ) + tuple(
+        (t._version, t.data_ptr(), t.dtype, t.device) for t in tables)
+
+
 class WindowMSA(nn.Module):
     """Softmax self-attention inside windows with a relative position bias (Swin, sec. 3.2).
 
@@ -95,33 +195,77 @@ class WindowMSA(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
+        # run-time caches (not state): bias index per smaller window; in eval the finished
+        # additive mask per (window, shift mask, dtype, images, table version)
+        self._index_cache = {}
+        self._mask_cache = {}
 
     def relative_bias(self, window):
         """``(h, window², window²)`` bias for a window of side ``window`` (≤ the table's)."""
+        table = self.relative_position_bias_table
         if window == self.window_size:
             index = self.relative_position_index
         else:
-            index = relative_position_index(window, self.window_size).to(
-                self.relative_position_bias_table.device)
-        bias = self.relative_position_bias_table[index.reshape(-1)]
+            key = (window, table.device)
+            if key not in self._index_cache:
+                self._index_cache[key] = relative_position_index(window, self.window_size).to(
+                    table.device)
+            index = self._index_cache[key]
+        bias = table[index.reshape(-1)]
         return bias.reshape(window * window, window * window, -1).permute(2, 0, 1)
+
+    def attention_mask(self, window, mask, dtype, images):
+        """Additive float mask ``(images·nW | 1, h, w², w²)`` of the fused attention: relative
+        bias plus shift mask, or None when there is neither.
+
+        In eval (no autograd through the table) it is built once per geometry and table
+        version and reused; in training the bias is gathered from the table every call, so
+        that the table gets its gradient. The shift ``mask`` must be a tensor that is reused
+        across calls (:func:`cached_shifted_window_mask`) for the cache to hit.
+        """
+        has_table = self.window_size is not None
+        if not has_table and mask is None:
+            return None
+        tables = (self.relative_position_bias_table, ) if has_table else ()
+        cacheable = cache_allowed(*tables)
+        if cacheable:
+            key = (window, id(mask), dtype, images) + tables_key(*tables)
+            hit = self._mask_cache.get(key)
+            if hit is not None and hit[0] is mask:
+                return hit[1]
+        bias = self.relative_bias(window)[None] if has_table else None
+        if mask is not None:
+            bias = mask[:, None] if bias is None else bias + mask[:, None]
+        bias = window_attention_mask(bias.to(dtype), images)
+        if cacheable:
+            if len(self._mask_cache) >= 8:  # a few geometries live at a time
+                self._mask_cache.clear()
+            self._mask_cache[key] = (mask, bias)  # holding mask keeps its id unique
+        return bias
 
     def forward(self, x, window=None, mask=None):
         """Args: x ``(B·nW, w², C)`` window tokens of side ``window`` (for the bias); mask
-        ``(nW, w², w²)`` or None."""
+        ``(nW, w², w²)`` or None.
+
+        ``softmax(q·kᵀ·d^-1/2 + bias + mask)·v`` through ``F.scaled_dot_product_attention``:
+        its fused CPU/GPU kernels never store the probabilities for backward.
+        """
         bw, n, c = x.shape
         h = self.num_heads
         q, k, v = self.qkv(x).reshape(bw, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = (q * self.qk_scale) @ k.transpose(-2, -1)
-        if self.window_size is not None:
-            attn = attn + self.relative_bias(window).unsqueeze(0)
-        if mask is not None:
-            nw = mask.shape[0]
-            attn = attn.view(bw // nw, nw, h, n, n) + mask[None, :, None].to(attn.dtype)
-            attn = attn.view(bw, h, n, n)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(bw, n, c)
-        return self.proj_drop(self.proj(out))
+        images = 1 if mask is None else bw // mask.shape[0]
+        drop = self.attn_drop.p if self.training else 0.
+        if self.window_size is not None and not cache_allowed(self.relative_position_bias_table):
+            # training the table: its bias and the shift mask stay apart (see biased_attention)
+            bias = self.relative_bias(window)[None].to(q.dtype)
+            if mask is not None:
+                mask = window_attention_mask(mask[:, None].to(q.dtype), images)
+            out = biased_attention(q, k, v, bias, mask, self.qk_scale, drop)
+        else:
+            attn_mask = self.attention_mask(window, mask, q.dtype, images)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop,
+                                                 scale=self.qk_scale)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(bw, n, c)))
 
 
 def resize_bias_table(table, rows, what='relative_position_bias_table'):

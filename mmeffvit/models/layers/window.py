@@ -6,6 +6,9 @@ row-major inside each window, as in Swin (Liu et al., ICCV 2021, sec. 3.2) and t
 Transformer / L²ViT windows built on it. Maps are zero-padded at the bottom/right, so any
 ``H×W`` works; callers crop back to ``H×W`` after :func:`window_reverse`.
 """
+import functools
+
+import torch
 import torch.nn.functional as F
 
 
@@ -57,3 +60,44 @@ def window_reverse(windows, window, hp, wp):
     c = windows.shape[-1]
     x = windows.reshape(-1, gh, gw, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
     return x.reshape(-1, hp, wp, c)
+
+
+def window_order(hp, wp, window, shift=0, device=None):
+    """Map position of every token of the windows of a ``Hp×Wp`` map rolled by ``-shift``.
+
+    ``x.reshape(B, Hp·Wp, C).index_select(1, order)`` is :func:`window_partition` of
+    ``torch.roll(x, (-shift, -shift), (1, 2))`` as ``(B, nW·w², C)``, in one copy instead of
+    the roll's and the permute's two (Swin's cyclic shift, sec. 3.2). Cached per geometry:
+    the returned tensor is shared, never modify it.
+
+    Returns:
+        LongTensor: ``(Hp·Wp, )``.
+    """
+    # tensors made under inference_mode cannot be saved for a later backward: cached apart
+    return _window_order(hp, wp, _pair(window), shift, device, torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=64)
+def _window_order(hp, wp, window, shift, device, inference):
+    wh, ww = _pair(window)
+    ys = (torch.arange(hp, device=device) + shift) % hp
+    xs = (torch.arange(wp, device=device) + shift) % wp
+    pos = ys[:, None] * wp + xs[None, :]
+    return pos.reshape(hp // wh, wh, wp // ww, ww).permute(0, 2, 1, 3).reshape(-1)
+
+
+def window_order_inverse(height, width, hp, wp, window, shift=0, device=None):
+    """Slot in the :func:`window_order` layout of every token of the ``H×W`` map (the padding
+    cropped): ``out.reshape(B, nW·w², C).index_select(1, inverse)`` is the ``(B, H·W, C)``
+    map of window outputs, window reverse, roll back and crop in one copy. Cached, shared.
+    """
+    return _window_order_inverse(height, width, hp, wp, _pair(window), shift, device,
+                                 torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=64)
+def _window_order_inverse(height, width, hp, wp, window, shift, device, inference):
+    order = window_order(hp, wp, window, shift, device)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse.view(hp, wp)[:height, :width].reshape(-1)
