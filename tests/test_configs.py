@@ -39,6 +39,8 @@ def _model_family_backbone(path):
     match = re.match(r'(cascade_mask_rcnn|mask_rcnn|retinanet|fpn|upernet)_'
                      r'(flatten_[a-z0-9]+|[a-z0-9]+)_(t|s|m|b|l|b\d|s\d)_', stem)
     folder = osp.relpath(osp.dirname(path), osp.join(ROOT, 'configs'))
+    if match is None:  # a kind of config this grouping does not know: a group of its own
+        return stem, folder, stem
     return match.group(1), folder, match.group(2)
 
 
