@@ -1,5 +1,8 @@
-"""Shared pytest behaviour: tests marked ``slow`` run only when selected with ``-m slow``."""
+"""Shared pytest behaviour: tests marked ``slow`` run only when selected with ``-m slow``; the
+end-to-end runs trained once per session for every module that needs a real checkpoint."""
 import pytest
+
+from e2e_runs import DET_CFG, SEG_CFG, det_options, seg_options, train_run
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,3 +12,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'slow' in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope='session')
+def e2e_shapes(tmp_path_factory):
+    """A small copy of the shapes data (COCO and ADE20K layouts) for the end-to-end tests."""
+    from mmeffvit.datasets import generate_shapes
+    root = tmp_path_factory.mktemp('shapes')
+    generate_shapes(str(root), num_train=8, num_val=3, min_size=96, max_size=150)
+    return root
+
+
+@pytest.fixture(scope='session')
+def det_run(e2e_shapes, tmp_path_factory):
+    """Mask R-CNN (FLatten-PVT-T) trained through tools/train.py, validated and saved at iteration 2
+    (``iter_2.pth``). Shared: tests read it, and write only into their own copy or work dir."""
+    work = tmp_path_factory.mktemp('det')
+    out = train_run(DET_CFG, work, det_options(e2e_shapes, 2))
+    assert 'loss_mask' in out and 'Iter(train) [2/2]' in out
+    return str(work)
+
+
+@pytest.fixture(scope='session')
+def seg_run(e2e_shapes, tmp_path_factory):
+    """Semantic FPN (FLatten-PVT-T), like ``det_run``."""
+    work = tmp_path_factory.mktemp('seg')
+    out = train_run(SEG_CFG, work, seg_options(e2e_shapes, 2))
+    assert 'decode.loss_ce' in out and 'Iter(train) [2/2]' in out
+    return str(work)

@@ -7,8 +7,6 @@ import json
 import os
 import os.path as osp
 import shutil
-import subprocess
-import sys
 
 import cv2
 import numpy as np
@@ -18,6 +16,8 @@ from mmengine.config import Config
 from mmeffvit.datasets import generate_shapes
 from mmeffvit.engine import data_checks
 from mmeffvit.engine.errors import DataError
+
+from cli_driver import run_jobs
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
@@ -147,61 +147,76 @@ def test_folder_dataset_without_images(tmp_path):
 
 # --- through tools/train.py --------------------------------------------------------------------
 
-def _train(*args, debug=False):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
-               OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='')
-    env.pop('MMEFFVIT_DEBUG', None)
-    cmd = [sys.executable, 'tools/train.py', *args] + (['--debug'] if debug else [])
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def test_cli_missing_data_root_without_traceback(tmp_path):
-    opts = ['--work-dir', str(tmp_path), '--cfg-options',
-            f'train_dataloader.dataset.data_root={tmp_path}/missing']
-    rc, out = _train(SEG_CFG, *opts)
-    assert rc == 1 and 'Traceback' not in out, out[-3000:]
-    assert 'error: DataError: train_dataloader.dataset.data_root: the folder' in out
-    assert '--debug' in out
-    rc, out = _train(SEG_CFG, *opts, debug=True)
-    assert rc == 1 and 'Traceback' in out and 'check_data_roots' in out
-
-
-def test_cli_config_errors_without_traceback(shapes, tmp_path):
-    rc, out = _train(str(tmp_path / 'no_such_config.py'))
-    assert rc == 1 and 'Traceback' not in out and 'no_such_config.py' in out, out[-3000:]
+@pytest.fixture(scope='module')
+def cli(shapes, tmp_path_factory):
+    """The command-line cases below, run by ``tools/train.py`` one after another in one driver
+    process (cli_driver.py; the imports paid once): ``{case: (returncode, output)}``."""
+    tmp = tmp_path_factory.mktemp('cli')
     ade = shapes / 'ade' / 'ADEChallengeData2016'
-    rc, out = _train(SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
-                     f'train_dataloader.dataset.data_root={ade}',
-                     f'val_dataloader.dataset.data_root={ade}', 'model.backbone.type=FLattenPVX')
-    assert rc == 1 and 'Traceback' not in out, out[-3000:]
-    assert 'FLattenPVX is not in the' in out and '\\n' not in out.split('FLattenPVX')[1]
-
-
-@pytest.mark.e2e
-def test_cli_bad_annotation_file_and_nan_loss(shapes, tmp_path):
-    coco = tmp_path / 'coco'
+    coco = tmp / 'coco'  # a private copy with a cut-short annotation file
     shutil.copytree(shapes / 'coco', coco)
-    ann = coco / 'annotations' / 'instances_train2017.json'
-    ann.write_text('{"images": [')  # cut short
-    opts = ['configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py', '--work-dir', str(tmp_path / 'w'),
-            '--cfg-options', f'train_dataloader.dataset.data_root={coco}/',
-            f'val_dataloader.dataset.data_root={coco}/',
-            f'val_evaluator.ann_file={coco}/annotations/instances_val2017.json']
-    rc, out = _train(*opts)
-    assert rc == 1 and 'Traceback' not in out, out[-3000:]
-    assert f'cannot read annotation file {ann}: JSONDecodeError' in out
-    # a learning rate that overflows the weights: stop at the first non-finite loss
-    ade = shapes / 'ade' / 'ADEChallengeData2016'
-    rc, out = _train(SEG_CFG, '--work-dir', str(tmp_path / 'nan'), '--cfg-options',
+    (coco / 'annotations' / 'instances_train2017.json').write_text('{"images": [')
+    missing = ['--work-dir', str(tmp / 'missing'), '--cfg-options',
+               f'train_dataloader.dataset.data_root={tmp}/missing']
+    cases = {
+        'missing_root': [SEG_CFG, *missing],
+        'missing_root_debug': [SEG_CFG, *missing, '--debug'],
+        'no_config': [str(tmp / 'no_such_config.py')],
+        'unknown_type': [SEG_CFG, '--work-dir', str(tmp / 'type'), '--cfg-options',
+                         f'train_dataloader.dataset.data_root={ade}',
+                         f'val_dataloader.dataset.data_root={ade}',
+                         'model.backbone.type=FLattenPVX'],
+        'bad_annotation': ['configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py', '--work-dir',
+                           str(tmp / 'w'), '--cfg-options',
+                           f'train_dataloader.dataset.data_root={coco}/',
+                           f'val_dataloader.dataset.data_root={coco}/',
+                           f'val_evaluator.ann_file={coco}/annotations/instances_val2017.json'],
+        # a learning rate that overflows the weights
+        'nan_loss': [SEG_CFG, '--work-dir', str(tmp / 'nan'), '--cfg-options',
                      f'train_dataloader.dataset.data_root={ade}',
                      f'val_dataloader.dataset.data_root={ade}', 'train_dataloader.batch_size=2',
                      'model.data_preprocessor.size=(64,64)',
                      'train_dataloader.dataset.pipeline.3.crop_size=(64,64)',
                      'optim_wrapper.optimizer.lr=1e30', 'param_scheduler=[]',
-                     'train_cfg.max_iters=6', 'default_hooks.checkpoint.interval=1')
+                     'train_cfg.max_iters=6', 'default_hooks.checkpoint.interval=1'],
+    }
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='')
+    env.pop('MMEFFVIT_DEBUG', None)
+    jobs = {name: dict(argv=['tools/train.py', *args]) for name, args in cases.items()}
+    results = run_jobs(jobs, tmp, env)
+    results['coco'] = coco
+    results['nan_dir'] = tmp / 'nan'
+    return results
+
+
+def test_cli_missing_data_root_without_traceback(cli):
+    rc, out = cli['missing_root']
+    assert rc == 1 and 'Traceback' not in out, out[-3000:]
+    assert 'error: DataError: train_dataloader.dataset.data_root: the folder' in out
+    assert '--debug' in out
+    rc, out = cli['missing_root_debug']
+    assert rc == 1 and 'Traceback' in out and 'check_data_roots' in out
+
+
+def test_cli_config_errors_without_traceback(cli):
+    rc, out = cli['no_config']
+    assert rc == 1 and 'Traceback' not in out and 'no_such_config.py' in out, out[-3000:]
+    rc, out = cli['unknown_type']
+    assert rc == 1 and 'Traceback' not in out, out[-3000:]
+    assert 'FLattenPVX is not in the' in out and '\\n' not in out.split('FLattenPVX')[1]
+
+
+@pytest.mark.e2e
+def test_cli_bad_annotation_file_and_nan_loss(cli):
+    rc, out = cli['bad_annotation']
+    ann = cli['coco'] / 'annotations' / 'instances_train2017.json'
+    assert rc == 1 and 'Traceback' not in out, out[-3000:]
+    assert f'cannot read annotation file {ann}: JSONDecodeError' in out
+    # stop at the first non-finite loss
+    rc, out = cli['nan_loss']
     assert rc == 1 and 'Traceback' not in out, out[-3000:]
     assert 'error: NonFiniteLossError: non-finite loss at iteration' in out
     stopped = int(out.split('non-finite loss at iteration ')[1].split()[0])
     # no checkpoint of the non-finite step was written
-    assert not osp.exists(tmp_path / 'nan' / f'iter_{stopped}.pth')
+    assert not osp.exists(cli['nan_dir'] / f'iter_{stopped}.pth')

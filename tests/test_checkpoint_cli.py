@@ -3,8 +3,9 @@
 ``tools/test.py``, ``tools/train.py --resume`` / ``load_from`` and mmseg's own test script refuse
 crafted files without running them and stop on checkpoints of another model; a partial match
 evaluates. The Semantic FPN demo config on a tiny copy of the shapes data; the files are built
-in process (no training needed). Real runner checkpoints resuming and evaluating are covered by
-``test_e2e_cli.py``.
+in process (no training needed). The invocations of the tools run in one driver process
+(``cli_driver.py``), mmseg's own script in a process of its own. Real runner checkpoints resuming
+and evaluating are covered by ``test_e2e_cli.py``.
 """
 import os
 import os.path as osp
@@ -17,6 +18,7 @@ import torch
 from mmeffvit.datasets import generate_shapes
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from cli_driver import run_jobs  # noqa: E402
 from crafted_checkpoints import build_segmentor, payloads, runner_checkpoint, save  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -24,11 +26,15 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_CFG = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
 
 
-def run(args, expect_ok):
+def _env():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
                OMP_NUM_THREADS='1')
     env.pop('MMEFFVIT_TRUST_CHECKPOINTS', None)
-    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return env
+
+
+def run(args, expect_ok):
+    proc = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert (proc.returncode == 0) == expect_ok, f'{" ".join(args)} rc={proc.returncode}:\n' \
         f'{out[-4000:]}'
@@ -66,21 +72,49 @@ def files(tmp_path_factory):
     return paths
 
 
-def test_test_tool_refuses_crafted_file(data, files, tmp_path):
-    out = run([sys.executable, 'tools/test.py', SEG_CFG, files['getattr_exec'], '--work-dir',
-               str(tmp_path), '--cfg-options'] + data, expect_ok=False)
+@pytest.fixture(scope='module')
+def cli(data, files, tmp_path_factory):
+    """The cases below that test independent messages of tools/test.py and tools/train.py, run
+    one after another in one driver process (cli_driver.py; the imports paid once):
+    ``{case: (returncode, output)}``."""
+    tmp = tmp_path_factory.mktemp('cli')
+    test = ['tools/test.py', SEG_CFG]
+    cases = {
+        'test_crafted': test + [files['getattr_exec'], '--work-dir', str(tmp / 'a'),
+                                '--cfg-options'] + data,
+        'resume_crafted': ['tools/train.py', SEG_CFG, '--work-dir', str(tmp / 'b'), '--resume',
+                           files['reduce_posix_system'], '--cfg-options'] + data,
+        'test_nomatch': test + [files['nomatch'], '--work-dir', str(tmp / 'c'),
+                                '--cfg-options'] + data,
+        'test_swin': test + [files['swin'], '--work-dir', str(tmp / 'd'), '--cfg-options'] + data,
+        'load_from_swin': ['tools/train.py', SEG_CFG, '--work-dir', str(tmp / 'e'),
+                           '--cfg-options', f'load_from={files["swin"]}'] + data,
+        'test_partial': test + [files['pvt'], '--work-dir', str(tmp / 'f'), '--cfg-options',
+                                'model.decode_head.num_classes=4'] + data,
+    }
+    return run_jobs({name: dict(argv=argv) for name, argv in cases.items()}, tmp, _env())
+
+
+def check(result, expect_ok):
+    returncode, out = result
+    assert (returncode == 0) == expect_ok, f'rc={returncode}:\n{out[-4000:]}'
+    return out
+
+
+def test_test_tool_refuses_crafted_file(cli, files):
+    out = check(cli['test_crafted'], expect_ok=False)
     assert 'UnsafeCheckpointError' in out and "getattr(HistoryBuffer, '__init__')" in out
     assert not files['marker'].exists()
 
 
-def test_resume_refuses_crafted_file(data, files, tmp_path):
-    out = run([sys.executable, 'tools/train.py', SEG_CFG, '--work-dir', str(tmp_path),
-               '--resume', files['reduce_posix_system'], '--cfg-options'] + data, expect_ok=False)
+def test_resume_refuses_crafted_file(cli, files):
+    out = check(cli['resume_crafted'], expect_ok=False)
     assert 'UnsafeCheckpointError' in out and "'posix.system'" in out
     assert not files['marker'].exists()
 
 
 def test_mmsegs_own_test_script_refuses_crafted_file(data, files, tmp_path):
+    """A subprocess of its own: the config's custom_imports alone must bring in mmeffvit."""
     import mmseg
     script = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools', 'test.py')
     out = run([sys.executable, script, SEG_CFG, files['getattr_exec'], '--work-dir',
@@ -92,23 +126,19 @@ def test_mmsegs_own_test_script_refuses_crafted_file(data, files, tmp_path):
 @pytest.mark.parametrize('name,expected', [
     ('nomatch', '0 of its 217 tensors would load'),
     ('swin', 'the file is a FLatten-Swin-T checkpoint; the config builds FLatten-PVT-T')])
-def test_test_tool_stops_on_wrong_checkpoint(data, files, name, expected, tmp_path):
-    out = run([sys.executable, 'tools/test.py', SEG_CFG, files[name], '--work-dir',
-               str(tmp_path), '--cfg-options'] + data, expect_ok=False)
+def test_test_tool_stops_on_wrong_checkpoint(cli, name, expected):
+    out = check(cli[f'test_{name}'], expect_ok=False)
     assert 'CheckpointMismatchError' in out and expected in out
     assert 'Iter(test)' not in out
 
 
-def test_load_from_stops_on_wrong_checkpoint(data, files, tmp_path):
-    out = run([sys.executable, 'tools/train.py', SEG_CFG, '--work-dir', str(tmp_path),
-               '--cfg-options', f'load_from={files["swin"]}'] + data, expect_ok=False)
+def test_load_from_stops_on_wrong_checkpoint(cli):
+    out = check(cli['load_from_swin'], expect_ok=False)
     assert 'FLatten-Swin-T checkpoint; the config builds FLatten-PVT-T' in out
     assert 'Iter(train)' not in out
 
 
-def test_test_tool_evaluates_partial_match(data, files, tmp_path):
+def test_test_tool_evaluates_partial_match(cli):
     """Another number of classes: the classifier is not loaded, the rest is; evaluation runs."""
-    out = run([sys.executable, 'tools/test.py', SEG_CFG, files['pvt'], '--work-dir',
-               str(tmp_path), '--cfg-options', 'model.decode_head.num_classes=4'] + data,
-              expect_ok=True)
+    out = check(cli['test_partial'], expect_ok=True)
     assert '215 of 217 tensors loaded' in out and 'mIoU' in out

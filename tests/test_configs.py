@@ -18,8 +18,8 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
 CONFIGS = [c for c in CONFIGS if '/_base_/' not in c]
 
-# the default run checks the smallest variant of each detector/segmentor + family; the larger
-# variants (same code, more and wider layers) run with -m slow
+# sizes of the variants: the default run checks the smallest (same code, fewer and narrower
+# layers than the larger ones)
 _SIZE_RANK = {'t': 0, 'b0': 0, 's0': 0, 's': 1, 'b1': 1, 's1': 1, 'm': 2, 'b2': 2, 's2': 2,
               'b': 3, 'l': 3}
 
@@ -32,17 +32,43 @@ def _group_and_rank(path):
     return f'{match.group(1)}_{match.group(3)}', _SIZE_RANK[match.group(2)]
 
 
+def _model_family_backbone(path):
+    """(detector/segmentor, family, backbone type) of a config; the demo folder and the top-level
+    entry points are families of their own (other data and classes; always checked)."""
+    stem = osp.splitext(osp.basename(path))[0]
+    match = re.match(r'(cascade_mask_rcnn|mask_rcnn|retinanet|fpn|upernet)_'
+                     r'(flatten_[a-z0-9]+|[a-z0-9]+)_(t|s|m|b|l|b\d|s\d)_', stem)
+    folder = osp.relpath(osp.dirname(path), osp.join(ROOT, 'configs'))
+    if match is None:  # a kind of config this grouping does not know: a group of its own
+        return stem, folder, stem
+    return match.group(1), folder, match.group(2)
+
+
+def _default_run_configs():
+    """One representative per (detector/segmentor x family) runs by default: the smallest
+    variant and, among the smallest, the backbone type checked least so far, so that every
+    backbone type meets a neck at least once; the entry points always. The rest: -m slow."""
+    groups = {}
+    for path in CONFIGS:
+        model, family, backbone = _model_family_backbone(path)
+        groups.setdefault((model, family), []).append((_group_and_rank(path)[1], backbone, path))
+    chosen, covered = set(), {}
+    for key in sorted(groups, key=lambda k: (k[1] != '.', k)):  # entry points first
+        members = groups[key]
+        if key[1] != '.':
+            smallest = min(rank for rank, _, _ in members)
+            backbone = min((covered.get(b, 0), b) for rank, b, _ in members if rank == smallest)[1]
+            members = [m for m in members if m[0] == smallest and m[1] == backbone]
+        for _, backbone, path in members:
+            chosen.add(path)
+            covered[backbone] = covered.get(backbone, 0) + 1
+    return chosen
+
+
 def _params():
-    best = {}
-    for path in CONFIGS:
-        group, rank = _group_and_rank(path)
-        best[group] = min(best.get(group, rank), rank)
-    params = []
-    for path in CONFIGS:
-        group, rank = _group_and_rank(path)
-        marks = () if rank == best[group] else (pytest.mark.slow, )
-        params.append(pytest.param(path, marks=marks, id=osp.relpath(path, ROOT)))
-    return params
+    default = _default_run_configs()
+    return [pytest.param(path, marks=() if path in default else (pytest.mark.slow, ),
+                         id=osp.relpath(path, ROOT)) for path in CONFIGS]
 
 
 # configs that differ only in schedule or data (1x / 3x) share a model: check each model once

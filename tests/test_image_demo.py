@@ -17,11 +17,8 @@ from PIL import Image
 
 from mmeffvit.utils import SAMPLE_PHOTOS, sample_photo
 
-import test_e2e_cli as e2e
-
-# the fixtures of the end-to-end tests (module-scoped: they train once more for this module)
-shapes, det_run, seg_run = e2e.shapes, e2e.det_run, e2e.seg_run
-DET_CFG, SEG_CFG, run = e2e.DET_CFG, e2e.SEG_CFG, e2e.run
+# the runs det_run and seg_run are trained once per session by conftest.py
+from e2e_runs import DET_CFG, SEG_CFG, run
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -153,8 +150,8 @@ def _demo(args, **kw):
 
 
 @pytest.mark.e2e
-def test_det_checkpoint_on_shapes_and_photo(det_run, shapes, tmp_path):
-    val_img = sorted((shapes / 'coco' / 'val2017').glob('*.jpg'))[0]
+def test_det_checkpoint_on_shapes_and_photo(det_run, e2e_shapes, tmp_path):
+    val_img = sorted((e2e_shapes / 'coco' / 'val2017').glob('*.jpg'))[0]
     folder = tmp_path / 'pictures'
     folder.mkdir()
     shutil.copy(val_img, folder / val_img.name)

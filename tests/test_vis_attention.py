@@ -1,4 +1,4 @@
-"""Attention maps (mmeffvit.utils.attention_maps / attention_kinds) and
+"""Attention maps (mmeffvit.analysis.attention_maps / attention_kinds) and
 tools/analysis/vis_attention.py (issue 14, item 2).
 
 The maps are checked against computations written here from the papers' definitions: FLatten's
@@ -24,8 +24,8 @@ from PIL import Image
 from mmeffvit.models import (FLattenCSWin, FLattenPVT, FLattenSwin, FocalTransformer, L2ViT,
                              LaViT)
 from mmeffvit.models.layers import FocusedLinearAttention
-from mmeffvit.utils.attention_kinds import flatten_maps
-from mmeffvit.utils.attention_maps import AttentionRecorder, BlockMaps
+from mmeffvit.analysis.attention_kinds import flatten_maps
+from mmeffvit.analysis.attention_maps import AttentionRecorder, BlockMaps
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOL = osp.join(REPO_ROOT, 'tools', 'analysis', 'vis_attention.py')

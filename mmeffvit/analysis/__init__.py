@@ -1,4 +1,6 @@
-"""Complexity analysis: MACs and parameters by tracing (tools/analysis/get_flops.py)."""
+"""Analysis: MACs and parameters by tracing (tools/analysis/get_flops.py); the attention maps of
+every family's attention modules (``attention_maps``, ``attention_kinds``; imported from there,
+used by tools/analysis/vis_attention.py)."""
 from .complexity import ComplexityReport, analyze, count_params, format_report
 from .models import (ImageNetClassifier, backbone_complexity, build_backbone, build_classifier,
                      config_complexity)

@@ -12,7 +12,7 @@ head (table printed and saved as markdown + CSV, bar chart PNG). Examples::
         --checkpoint work_dirs/mask_rcnn_flatten_pvt_t_1x/epoch_12.pth --out-dir outputs/attn
 
 Maps (recomputed in float64 from the blocks' recorded inputs and their own weights, see
-:mod:`mmeffvit.utils.attention_maps`): FLatten's focused linear map ``φ(q)·φ(k)ᵀ`` normalised,
+:mod:`mmeffvit.analysis.attention_maps`): FLatten's focused linear map ``φ(q)·φ(k)ᵀ`` normalised,
 its depthwise-conv term (drawn as the channel-mean kernel's neighbourhood weights), their sum,
 and the softmax map of the same q, k; LaViT's VA and LA maps; Focal's fine and pooled levels;
 L²ViT's global linear (LGA) and window (LWA) maps; Swin windows and CSWin stripes. The rank is
@@ -47,8 +47,8 @@ from matplotlib.colors import Normalize  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 
 from mmeffvit.utils import SAMPLE_PHOTOS, sample_photo  # noqa: E402
-from mmeffvit.utils.attention_maps import (BACKBONE_LAYOUTS, backbone_layout,  # noqa: E402
-                                           record_maps, stage_blocks)
+from mmeffvit.analysis.attention_maps import (BACKBONE_LAYOUTS, backbone_layout,  # noqa: E402
+                                              record_maps, stage_blocks)
 from mmeffvit.utils.suggest import unknown_choice_error  # noqa: E402
 
 RANDOM_WEIGHTS = 'RANDOM WEIGHTS (no checkpoint): the maps show an untrained model'

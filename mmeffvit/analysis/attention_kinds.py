@@ -2,7 +2,7 @@
 
 One function per attention module class (matched by class name, see :data:`HANDLERS`); each
 reads the module's parameters by their official names and the arguments its ``forward`` got,
-and returns the dense maps of :class:`~mmeffvit.utils.attention_maps.MapKind`. The formulas
+and returns the dense maps of :class:`~mmeffvit.analysis.attention_maps.MapKind`. The formulas
 are the papers'; where a detail of mmeffvit's implementation matters (padding, masks, the
 normaliser's epsilon) it is named next to the code.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .tensor import resize_token_grid
+from ..utils.tensor import resize_token_grid
 
 
 @dataclass

@@ -4,7 +4,7 @@ The backbones never form their attention matrices (linear attention multiplies `
 first; the softmax ones fuse or window them), so the maps are rebuilt here: forward pre-hooks
 record what each attention module of the chosen blocks receives (tokens, grid, residual, masks),
 then q/k/v are recomputed with the module's own projections and the maps with the code of
-:mod:`mmeffvit.utils.attention_kinds`, in float64. Nothing here depends on how a module
+:mod:`mmeffvit.analysis.attention_kinds`, in float64. Nothing here depends on how a module
 computes its output, only on its class name, its parameter names and its ``forward``
 arguments, so the recomputation is checked against the module's output in
 ``tests/test_vis_attention.py``.
@@ -18,7 +18,7 @@ import inspect
 import torch
 
 from .attention_kinds import BlockMaps, MapKind, attention_type, block_maps
-from .suggest import unknown_choice_error
+from ..utils.suggest import unknown_choice_error
 
 __all__ = ['AttentionRecorder', 'BlockMaps', 'MapKind', 'record_maps', 'stage_blocks']
 
