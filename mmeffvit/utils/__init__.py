@@ -1,8 +1,8 @@
 from .checkpoint import (allow_mmengine_checkpoints, load_checkpoint_file,
                          unwrap_state_dict)
 from .suggest import closest_first, install_registry_hints, unknown_choice_error
-from .tensor import (at_least_fp32, map_to_tokens, resize_token_grid, square_side,
-                     tokens_to_map)
+from .tensor import (TokenGridResizeCache, at_least_fp32, map_to_tokens, resize_token_grid,
+                     square_side, tokens_to_map)
 from .sample_photos import SAMPLE_PHOTOS, sample_photo
 
 __all__ = [
@@ -10,4 +10,4 @@ __all__ = [
     'resize_token_grid', 'square_side', 'tokens_to_map', 'unwrap_state_dict', 'closest_first',
     'install_registry_hints', 'unknown_choice_error'
 ]
-__all__ += ['SAMPLE_PHOTOS', 'sample_photo']
+__all__ += ['SAMPLE_PHOTOS', 'sample_photo', 'TokenGridResizeCache']

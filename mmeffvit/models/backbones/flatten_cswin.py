@@ -7,7 +7,7 @@ from timm.layers import DropPath, Mlp
 
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
-from ..layers import FocusedLinearAttention, LayerNormFP32, pad_to_multiple
+from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -169,11 +169,11 @@ class LePEFocusedLinearAttention(FocusedLinearAttention):
     def __init__(self, embed_dims, num_heads, pe_size, focusing_factor=3, kernel_size=5):
         super().__init__(embed_dims, num_heads, pe_size=pe_size, focusing_factor=focusing_factor,
                          kernel_size=kernel_size, qkv_layout=None)
-        self.get_v = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
+        self.get_v = DepthwiseConv2d(embed_dims, 3)
 
     def forward(self, q, k, v, hw):
         """Args: q, k, v ``(B, H*W, C)``; hw ``(H, W)``. Returns ``(B, H*W, C)``."""
-        lepe = map_to_tokens(self.get_v(tokens_to_map(v, hw)))[0]
+        lepe = self.get_v(v, hw)
         out = self.attend(q, k, v, hw)
         return out + lepe.to(out.dtype)
 

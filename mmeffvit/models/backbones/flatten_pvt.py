@@ -4,7 +4,7 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ...utils import resize_token_grid, tokens_to_map
+from ...utils import TokenGridResizeCache, tokens_to_map
 from ..layers import FLattenPVTBlock, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -105,6 +105,7 @@ class FLattenPVT(EffBackbone):
 
         grid = list(pretrain_img_size)
         self.pos_grids = []
+        self._pos_resized = []
         prev = in_channels
         for i in range(num):
             grid = [g // patch_sizes[i] for g in grid]
@@ -113,6 +114,7 @@ class FLattenPVT(EffBackbone):
             setattr(self, f'patch_embed{i + 1}', PatchEmbed(prev, dims, patch_sizes[i]))
             pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], dims))
             setattr(self, f'pos_embed{i + 1}', pos)
+            self._pos_resized.append(TokenGridResizeCache())
             setattr(self, f'pos_drop{i + 1}', nn.Dropout(drop_rate))
             # keys are reduced by sr for 'L' blocks too, so their encoding lives on that grid
             pe_grid = tuple(g // sr_ratios[i] for g in grid)
@@ -144,8 +146,8 @@ class FLattenPVT(EffBackbone):
         outs = []
         for i in range(self.num_stages):
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
-            pos = resize_token_grid(getattr(self, f'pos_embed{i + 1}'), self.pos_grids[i], hw,
-                                    mode='bilinear')
+            pos = self._pos_resized[i](getattr(self, f'pos_embed{i + 1}'), self.pos_grids[i], hw,
+                                       mode='bilinear')
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             for blk in getattr(self, f'block{i + 1}'):
                 x = blk(x, hw)

@@ -7,7 +7,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
 from ..layers.clamped_linear_attention import clamped_linear_attention
-from ..layers import LayerNormFP32, PatchEmbed, WindowMSA
+from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -17,10 +17,10 @@ class CPE(nn.Module):
 
     def __init__(self, dims, kernel_size=3):
         super().__init__()
-        self.proj = nn.Conv2d(dims, dims, kernel_size, padding=kernel_size // 2, groups=dims)
+        self.proj = DepthwiseConv2d(dims, kernel_size)
 
     def forward(self, x, hw_shape):
-        return x + map_to_tokens(self.proj(tokens_to_map(x, hw_shape)))[0]
+        return x + self.proj(x, hw_shape)
 
 
 class LinearAttention(nn.Module):
@@ -51,13 +51,13 @@ class LCM(nn.Module):
 
     def __init__(self, dims, kernel_size=7, norm_cfg=dict(type='BN')):
         super().__init__()
-        pad = kernel_size // 2
-        self.conv1 = nn.Conv2d(dims, dims, kernel_size, padding=pad, groups=dims)
+        self.conv1 = DepthwiseConv2d(dims, kernel_size)
         self.act = nn.GELU()
         self.bn = build_norm_layer(norm_cfg, dims)[1]
-        self.conv2 = nn.Conv2d(dims, dims, kernel_size, padding=pad, groups=dims)
+        self.conv2 = DepthwiseConv2d(dims, kernel_size)
 
     def forward(self, x, hw_shape):
+        # channels-last throughout: the token view in, GELU/BN keep the layout, tokens out
         x = self.conv2(self.bn(self.act(self.conv1(tokens_to_map(x, hw_shape)))))
         return map_to_tokens(x)[0]
 

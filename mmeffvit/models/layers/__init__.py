@@ -1,5 +1,6 @@
 from .attention_residual import AttentionResidualDownsample
 from .clamped_linear_attention import clamped_linear_attention
+from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
 from .less_attention import LessAttention, VanillaAttention
 from .norm import LayerNormFP32
@@ -15,3 +16,4 @@ __all__ = [
     'VanillaAttention', 'WindowMSA', 'clamped_linear_attention', 'pad_to_multiple',
     'pad_to_windows', 'window_partition', 'window_reverse'
 ]
+__all__ += ['DepthwiseConv2d']

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ... import ops
-from ...utils import resize_token_grid
+from ...utils import TokenGridResizeCache
+from .depthwise_conv import DepthwiseConv2d
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -114,8 +115,7 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if qkv_layout is not None:
             self.proj = nn.Linear(embed_dims, embed_dims)
             self.proj_drop = nn.Dropout(proj_drop)
-        self.dwc = nn.Conv2d(self.head_dims, self.head_dims, kernel_size, padding=kernel_size // 2,
-                             groups=self.head_dims)
+        self.dwc = DepthwiseConv2d(self.head_dims, kernel_size)
         # zero init: softplus(0) = ln 2, and an all-zero positional encoding (official init)
         self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
         if pe_size is not None:
@@ -125,6 +125,7 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         else:
             self.pe_size = None
             self.register_parameter('positional_encoding', None)
+        self._pe_resized = TokenGridResizeCache()
 
     def _project(self, x, hw_shape):
         """q ``(B, N, C)`` and k, v ``(B, n, C)`` with the key grid ``(h, w)``."""
@@ -160,24 +161,21 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         for name, tokens, grid, grid_name in (('q', q, hw_shape, 'hw_shape'),
                                               ('k', k, kv_hw, kv_name), ('v', v, kv_hw, kv_name)):
             _check_tokens(name, tokens, grid, self.embed_dims, q.shape[0], grid_name)
-        b, n, c = q.shape
+        b, _, c = q.shape
         if self.positional_encoding is not None:
-            k = k + resize_token_grid(self.positional_encoding, self.pe_size, kv_hw,
-                                      self.pe_interpolation)
-        h, d = self.num_heads, self.head_dims
-
-        def heads(t):
-            return t.reshape(b, -1, h, d).transpose(1, 2)
+            k = k + self._pe_resized(self.positional_encoding, self.pe_size, kv_hw,
+                                     self.pe_interpolation)
 
         # the focusing power and the attention sums stay in fp32 under autocast; one fused
         # operator (mmeffvit.ops) or its PyTorch reference
         with torch.autocast(device_type=q.device.type, enabled=False):
-            out = ops.focused_linear_attention(q, k, v, self.scale, h, self.focusing_factor)
+            out = ops.focused_linear_attention(q, k, v, self.scale, self.num_heads,
+                                               self.focusing_factor)
 
-        # rank restoration: depthwise conv on V, one kernel set shared by every head
-        v_grid = heads(v).reshape(b * h, *kv_hw, d).permute(0, 3, 1, 2)
-        dwc = self.dwc(v_grid)
+        # rank restoration: depthwise conv on V, one kernel set shared by every head. Head ``i``
+        # owns channels ``i·d … i·d + d - 1``, so this is one depthwise conv over the whole
+        # channels-last view of v with the d-channel kernel set repeated h times (no copies)
+        dwc = self.dwc(v.transpose(1, 2).reshape(b, c, *kv_hw), repeats=self.num_heads)
         if kv_hw != tuple(hw_shape):
             dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
-        dwc = dwc.reshape(b, h, d, n).permute(0, 3, 1, 2).reshape(b, n, c)
-        return out + dwc.to(out.dtype)
+        return out + dwc.flatten(2).transpose(1, 2).to(out.dtype)

@@ -2,7 +2,7 @@
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
 
-from ...utils import map_to_tokens, tokens_to_map
+from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
@@ -13,10 +13,10 @@ class DWConv(nn.Module):
 
     def __init__(self, channels):
         super().__init__()
-        self.dwconv = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.dwconv = DepthwiseConv2d(channels, 3)
 
     def forward(self, x, hw_shape):
-        return map_to_tokens(self.dwconv(tokens_to_map(x, hw_shape)))[0]
+        return self.dwconv(x, hw_shape)
 
 
 class ConvMlp(nn.Module):

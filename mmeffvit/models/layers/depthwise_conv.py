@@ -1,0 +1,142 @@
+"""Depthwise convolution on token maps, in the channels-last layout the tokens already have.
+
+Every family here runs depthwise convs on maps that are views of ``(B, H*W, C)`` tokens, i.e.
+channels-last memory. With the default ``(C, 1, k, k)`` weight strides oneDNN copies such an
+input to NCHW, runs its slow NCHW depthwise kernel and returns NCHW, which the next token op
+copies back; with channels-last weight strides it runs the vectorised NHWC kernel on the view and
+returns a map whose token view is contiguous. For kernels of 5 and more oneDNN's weight gradient
+is also slow on a CPU; it is computed here as one grouped conv instead. Measurements:
+``docs/profiles.md`` (causes 1 and 2) and ``tools/analysis/depthwise_conv_check.py``.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+#: smallest kernel side and channel count for which the grouped-conv weight gradient beat
+#: oneDNN's channels-last one on a CPU (measured: k = 5, 7 with 64-384 channels 1.2-2.2x
+#: faster at 1 thread; 3x3 kernels and 8-channel maps 1.3-4x slower)
+GROUPED_WEIGHT_GRAD_MIN_KERNEL = 5
+GROUPED_WEIGHT_GRAD_MIN_CHANNELS = 64
+
+
+def channels_last_weight(weight):
+    """``weight`` with channels-last strides ``(kh·kw, 1, kw, 1)``.
+
+    ``weight.contiguous(memory_format=torch.channels_last)`` is a no-op for a ``(C, 1, k, k)``
+    tensor (it already counts as channels-last contiguous) and oneDNN would still see NCHW
+    strides; ``.to(memory_format=...)`` writes the strides that select the NHWC kernel.
+    """
+    return weight.to(memory_format=torch.channels_last)
+
+
+def depthwise_weight_grad(x, grad_out, kernel_size, padding):
+    """``dL/dw[c, 0, i, j] = Σ_{b,y,x} g[b, c, y, x] · x_pad[b, c, y+i, x+j]`` (stride 1).
+
+    One conv with ``groups = C``: the padded input ``(1, C·B, Hp, Wp)`` (channel ``c·B + b``) is
+    correlated with the output gradient ``(C, B, H, W)`` used as kernel, which also sums the
+    batch. For one image both operands are views of the tensors autograd holds.
+    """
+    b, c = x.shape[:2]
+    ph, pw = padding
+    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    xp = xp.transpose(0, 1).reshape(1, c * b, *xp.shape[2:])
+    kernel = grad_out.transpose(0, 1)
+    grad_w = F.conv2d(xp, kernel.to(xp.dtype), groups=c)
+    return grad_w.reshape(c, 1, *kernel_size)
+
+
+class _DepthwiseConvFunction(torch.autograd.Function):
+    """Stride-1 depthwise conv: oneDNN forward and input gradient, grouped-conv weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, padding):
+        ctx.save_for_backward(x, weight)
+        ctx.padding = padding
+        ctx.has_bias = bias is not None
+        return F.conv2d(x, weight, bias, padding=padding, groups=weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.aten.convolution_backward(
+                grad_out, x, weight, None, [1, 1], list(ctx.padding), [1, 1], False, [0, 0],
+                weight.shape[0], [True, False, False])[0]
+        if ctx.needs_input_grad[1]:
+            grad_w = depthwise_weight_grad(x, grad_out, weight.shape[2:], ctx.padding)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum((0, 2, 3))
+        return grad_x, grad_w, grad_b, None
+
+
+class DepthwiseConv2d(nn.Conv2d):
+    """Stride-1 depthwise ``nn.Conv2d`` (``groups = channels``) for maps that are token views.
+
+    A subclass of ``nn.Conv2d``: the parameters keep the names ``weight`` and ``bias`` and the
+    ``(C, 1, kh, kw)`` shape, so checkpoints, initialisers and ``isinstance`` checks are
+    unchanged. Only the computation differs (same arithmetic, float tolerance):
+
+    * the weight is handed to the conv with channels-last strides, so a channels-last input (the
+      ``(B, C, H, W)`` view of ``(B, H*W, C)`` tokens) is convolved without copies and the output
+      is channels-last, whose token view is contiguous;
+    * on a CPU, in fp32/fp64 outside autocast, kernels of at least
+      :data:`GROUPED_WEIGHT_GRAD_MIN_KERNEL` on at least :data:`GROUPED_WEIGHT_GRAD_MIN_CHANNELS`
+      channels get their weight gradient from one grouped conv (:func:`depthwise_weight_grad`),
+      faster than oneDNN's there.
+
+    Args:
+        channels (int): Channels C (in and out).
+        kernel_size (int | tuple[int, int]): Kernel ``k`` or ``(kh, kw)``.
+        padding (int | tuple[int, int], optional): Default ``k // 2`` (size-preserving for odd k).
+        bias (bool): Learnable bias.
+
+    Call with a map ``(B, r·C, H, W)`` or with tokens ``(B, H*W, r·C)`` and ``hw_shape``;
+    ``repeats = r`` applies the C-channel kernel set to each of ``r`` consecutive channel groups
+    (FLatten's DWC, one kernel set shared by all heads). The output has the input's layout.
+
+    Example:
+        >>> conv = DepthwiseConv2d(8, 5)
+        >>> conv(torch.randn(2, 6 * 7, 8), (6, 7)).shape
+        torch.Size([2, 42, 8])
+        >>> conv(torch.randn(2, 16, 6, 7), repeats=2).shape
+        torch.Size([2, 16, 6, 7])
+    """
+
+    def __init__(self, channels, kernel_size, padding=None, bias=True):
+        kernel_size = nn.modules.utils._pair(kernel_size)
+        if padding is None:
+            padding = (kernel_size[0] // 2, kernel_size[1] // 2)
+        super().__init__(channels, channels, kernel_size, padding=padding, groups=channels,
+                         bias=bias)
+
+    def _use_grouped_weight_grad(self, x, weight):
+        return (x.device.type == 'cpu' and max(self.kernel_size) >= GROUPED_WEIGHT_GRAD_MIN_KERNEL
+                and x.shape[1] >= GROUPED_WEIGHT_GRAD_MIN_CHANNELS
+                and torch.is_grad_enabled() and weight.requires_grad
+                and not torch.is_autocast_enabled('cpu')
+                and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype)
+
+    def forward(self, x, hw_shape=None, repeats=1):
+        """Args: x ``(B, r·C, H, W)``, or ``(B, H*W, r·C)`` with ``hw_shape = (H, W)``."""
+        tokens = hw_shape is not None
+        if tokens:
+            b, n, c = x.shape
+            if n != hw_shape[0] * hw_shape[1]:
+                raise ValueError(f'{n} tokens do not form the grid {tuple(hw_shape)}')
+            x = x.transpose(1, 2).reshape(b, c, *hw_shape)
+        weight, bias = self.weight, self.bias
+        if repeats > 1:
+            weight = weight.repeat(repeats, 1, 1, 1)
+            bias = None if bias is None else bias.repeat(repeats)
+        if x.shape[1] != weight.shape[0]:
+            raise ValueError(f'input has {x.shape[1]} channels, the conv expects '
+                             f'{weight.shape[0]} ({self.in_channels} × repeats {repeats})')
+        weight = channels_last_weight(weight)
+        if self._use_grouped_weight_grad(x, weight):
+            out = _DepthwiseConvFunction.apply(x, weight, bias, self.padding)
+        else:
+            out = F.conv2d(x, weight, bias, padding=self.padding, groups=weight.shape[0])
+        return out.flatten(2).transpose(1, 2) if tokens else out
