@@ -38,8 +38,10 @@ def resize_token_grid(tokens, src_hw, dst_hw, mode='bicubic'):
         return tokens
     b, c = tokens.shape[0], tokens.shape[-1]
     grid = at_least_fp32(tokens.reshape(b, src_hw[0], src_hw[1], c))
-    if mode not in ('bilinear', 'bicubic'):
-        out = F.interpolate(grid.permute(0, 3, 1, 2), size=dst_hw, mode=mode)
+    if mode not in ('bilinear', 'bicubic') or torch.jit.is_tracing():
+        # tracing (complexity counts): the plain operator, not the cached matrices' build
+        kwargs = {} if mode == 'nearest' else dict(align_corners=False)
+        out = F.interpolate(grid.permute(0, 3, 1, 2), size=dst_hw, mode=mode, **kwargs)
         return out.permute(0, 2, 3, 1).reshape(b, -1, c).to(tokens.dtype)
     rows, cols = (_resize_matrix(s, d, mode, grid.dtype, grid.device)
                   for s, d in zip(src_hw, dst_hw))
