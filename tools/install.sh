@@ -114,6 +114,11 @@ else
   log "mmeffvit: pip install -e ."
   (cd "$here" && pipi --no-build-isolation --no-deps --use-pep517 -e .)
 fi
+# mim finds a package at its distribution's location; a PEP 660 editable install records
+# site-packages, so `mim search mmeffvit` run from the checkout needs the checkout's own egg-info
+# (egg_info also links mmeffvit/.mim/ to configs/, tools/ and model-index.yml)
+(cd "$here" && "$py" setup.py -q egg_info >/dev/null 2>&1) ||
+  log "WARNING: setup.py egg_info failed; mim search mmeffvit will not find the model index"
 # the compiled ops (mmeffvit._ext): rebuilt in place only when missing or older than a source
 # or than setup.py (its compile flags)
 ext=$(ls "$here"/mmeffvit/_ext*.so 2>/dev/null | head -n1 || true)
