@@ -140,7 +140,8 @@ def parse_args(argv=None):
     p.add_argument('--shape', type=parse_shape, help='main input HxW (default 800x1333)')
     p.add_argument('--sweep', nargs='+', help="input sizes of the sweep, or 'none' "
                    '(default 512 800x1333 1024 1536; the main shape is always included)')
-    p.add_argument('--modes', default='infer,train', help='infer, train or both')
+    p.add_argument('--modes', default='infer,train',
+                   help="comma-separated: infer, train ('both' = infer,train)")
     p.add_argument('--rounds', type=int, help='rounds at the main shape (default 3)')
     p.add_argument('--sweep-rounds', type=int, help='rounds at the other sizes (default 1)')
     p.add_argument('--warmup', type=int, help='untimed steps per child, main shape (default 1)')
@@ -193,7 +194,8 @@ def parse_args(argv=None):
     if args.gemm_size is None:
         args.gemm_size = quick.get('gemm_size', 8192 if args.device == 'cuda' else 2048)
     args.isolate = args.isolate or ('case' if args.device == 'cuda' else 'measurement')
-    args.modes = [m.strip() for m in args.modes.split(',') if m.strip()]
+    args.modes = [m.strip() for m in args.modes.replace('both', 'infer,train').split(',')
+                  if m.strip()]
     if args.config:
         args.modes = ['test' if m == 'infer' else m for m in args.modes]
     valid = ('test', 'train') if args.config else ('infer', 'train')
