@@ -218,7 +218,7 @@ def _load_profile_tool():
 
 
 def test_gemm_macs_from_recorded_shapes():
-    import benchmark_worker as worker  # on sys.path through the benchmark tool
+    from mmeffvit.analysis import benchmark_worker as worker
     assert worker._gemm_macs('aten::mm', [[64, 32], [32, 16]]) == 64 * 32 * 16
     assert worker._gemm_macs('aten::addmm', [[16], [64, 32], [32, 16], [], []]) == 64 * 32 * 16
     assert worker._gemm_macs('aten::bmm', [[8, 49, 32], [8, 32, 49]]) == 8 * 49 * 32 * 49

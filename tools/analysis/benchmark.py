@@ -48,7 +48,7 @@ for _path in (TOOL_DIR, REPO_ROOT):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-import benchmark_report as report  # noqa: E402
+from mmeffvit.analysis import benchmark_report as report  # noqa: E402
 
 # name: (scope, backbone config, softmax peer); the arguments are those of the detection config
 # named in the comment (init_cfg left out: random weights)
@@ -243,10 +243,11 @@ def _limit_memory(gib):
 
 
 def _child_main(conn, jobs, opts):
-    """Runs in the child: optional memory limit, then :func:`benchmark_worker.run_jobs`."""
+    """Runs in the child: optional memory limit, then
+    :func:`mmeffvit.analysis.benchmark_worker.run_jobs`."""
     if opts.get('mem_limit_gib'):
         _limit_memory(opts['mem_limit_gib'])
-    import benchmark_worker
+    from mmeffvit.analysis import benchmark_worker
     benchmark_worker.run_jobs(conn, jobs, opts)
 
 
@@ -426,7 +427,8 @@ def command_line(argv, script=__file__):
 def measure(args, argv):
     opts = dict(device=args.device, dtype=args.dtype, compile=args.compile,
                 threads=args.threads, mem_limit_gib=args.mem_limit_gib)
-    preload = ['torch', 'numpy', 'mmeffvit', 'mmdet.models', 'benchmark_worker']
+    preload = ['torch', 'numpy', 'mmeffvit', 'mmdet.models',
+               'mmeffvit.analysis.benchmark_worker']
     if args.config:
         preload.append('mmseg.models')
     groups = build_schedule(args)

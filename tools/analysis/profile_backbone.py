@@ -60,7 +60,8 @@ def parse_args(argv=None):
 def run(args, argv):
     opts = dict(device='cpu', dtype='float32', threads=args.threads)
     runner = benchmark.Runner(opts, args.timeout,
-                              ['torch', 'numpy', 'mmeffvit', 'mmdet.models', 'benchmark_worker'])
+                              ['torch', 'numpy', 'mmeffvit', 'mmdet.models',
+                               'mmeffvit.analysis.benchmark_worker'])
     jobs = [dict(kind='profile', name=n, shape=tuple(args.shape), mode=m, memory=args.memory,
                  case=dict(scope=benchmark.CASES[n][0], cfg=benchmark.CASES[n][1]))
             for n in args.case_names for m in args.modes]
