@@ -6,10 +6,9 @@
 # head.{dist_norm,dist_fc}). The official recipe trains `dist_head` by hard distillation from a
 # RegNetY-160 teacher, which mmpretrain's ImageClassifier does not run: here both heads learn the
 # labels (see CAREClsHead). Drop path 0.1.
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = ['./cls_linear_head.py']
 
 model = dict(
-    type='ImageClassifier',
     backbone=dict(
         type='CARE',
         arch='s0',
@@ -17,15 +16,15 @@ model = dict(
         last_block_drop_path=True,
         drop_path_rate=0.1,
         out_indices=(3, )),
-    neck=dict(type='GlobalAveragePooling'),
+    # the head keeps its own official init (trunc-normal linears)
     head=dict(
+        _delete_=True,
         type='CAREClsHead',
         num_classes=1000,
         in_channels=1024,
         dist_head=True,
         loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
         cal_acc=False),
-    # the head keeps its own official init (trunc-normal linears); the backbone applies its own
     init_cfg=[
         dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
         dict(type='Constant', layer=['LayerNorm', '_BatchNorm'], val=1., bias=0.),

@@ -5,10 +5,9 @@
 # average pooling and a linear head. Drop path 0.2 (yaml; the official runs always keep an EMA of
 # the weights, decay 0.99984: a recipe setting). Official weights:
 # tools/model_converters/official2mmpretrain.py.
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = ['./cls_linear_head.py']
 
 model = dict(
-    type='ImageClassifier',
     backbone=dict(
         type='FLattenCSWin',
         arch='tiny',
@@ -16,16 +15,4 @@ model = dict(
         drop_path_rate=0.2,
         out_indices=(3, ),
         final_norm=True),
-    neck=dict(type='GlobalAveragePooling'),
-    head=dict(
-        type='LinearClsHead',
-        num_classes=1000,
-        in_channels=512,
-        init_cfg=None,  # initialised by the model's init_cfg
-        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        cal_acc=False),
-    # head and norms as mmpretrain's classifiers; the backbone then applies its own (official) init
-    init_cfg=[
-        dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
-        dict(type='Constant', layer='LayerNorm', val=1., bias=0.),
-    ])
+    head=dict(in_channels=512))

@@ -5,25 +5,13 @@
 # come from the recipe's data preprocessor, _base_/imagenet_cls_300e.py). Initialisation: the
 # backbone's own (EffBackbone.default_init_cfg, from scratch: init_cfg=None); the head by the
 # classifier's rules below, as mmpretrain's Swin / DeiT configs do.
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = ['./cls_linear_head.py']
 
 model = dict(
-    type='ImageClassifier',
     backbone=dict(
         type='FLattenPVT',
         arch='tiny',
         drop_path_rate=0.1,  # flatten_pvt_t.yaml
         out_indices=(3, ),
         init_cfg=None),
-    neck=dict(type='GlobalAveragePooling'),
-    head=dict(
-        type='LinearClsHead',
-        num_classes=1000,
-        in_channels=512,
-        init_cfg=None,  # the classifier's init_cfg below covers the head
-        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        cal_acc=False),
-    init_cfg=[
-        dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
-        dict(type='Constant', layer='LayerNorm', val=1., bias=0.),
-    ])
+    head=dict(in_channels=512))

@@ -5,7 +5,7 @@
 # added to the loss dict as `loss_diag` by AuxLossImageClassifier. Less attention runs per window
 # of the 224x224 training grid (la_mode='window': the dense form at 224, any other size works).
 # Drop path 0.1 (PVT-T's).
-custom_imports = dict(imports=['mmeffvit'], allow_failed_imports=False)
+_base_ = ['./cls_linear_head.py']
 
 model = dict(
     type='AuxLossImageClassifier',
@@ -17,16 +17,4 @@ model = dict(
         drop_path_rate=0.1,
         out_indices=(3, ),
         final_norm=True),
-    neck=dict(type='GlobalAveragePooling'),
-    head=dict(
-        type='LinearClsHead',
-        num_classes=1000,
-        in_channels=448,
-        init_cfg=None,  # initialised by the model's init_cfg
-        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        cal_acc=False),
-    # head and norms as mmpretrain's classifiers; the backbone then applies its own init
-    init_cfg=[
-        dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
-        dict(type='Constant', layer='LayerNorm', val=1., bias=0.),
-    ])
+    head=dict(in_channels=448))
