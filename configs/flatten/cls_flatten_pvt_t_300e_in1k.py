@@ -5,13 +5,6 @@
 # the 10 cool-down epochs at that floor which the official loop runs (EPOCHS + COOLDOWN_EPOCHS), no
 # gradient clipping, no EMA, drop path 0.1. Data, augmentation and optimiser: the shared recipe in
 # _base_/imagenet_cls_300e.py; data in data/imagenet/{train,val}.
-_base_ = ['../_base_/models/cls_flatten_pvt_t.py', '../_base_/imagenet_cls_300e.py']
+_base_ = ['../_base_/models/cls_flatten_pvt_t.py', '../_base_/imagenet_cls_300e_flatten_pvt.py']
 
 model = dict(backbone=dict(drop_path_rate=0.1))
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / 5e-4, by_epoch=True, begin=0, end=5,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min_ratio=1e-5 / 5e-4, by_epoch=True, begin=5, end=300,
-         convert_to_iter_based=True),
-]
-train_cfg = dict(max_epochs=310)

@@ -3,13 +3,6 @@
 # top-5): 8 GPUs x 128 images, AdamW lr 5e-4 x 1024 / 512, weight decay 0.05, warm-up 5 epochs from
 # 1e-6 / 5e-4 of the lr, cosine to 1e-5 / 5e-4 of it at epoch 300 and 10 cool-down epochs at that
 # floor, no gradient clipping, no EMA, drop path 0.1. Shared recipe: _base_/imagenet_cls_300e.py.
-_base_ = ['../_base_/models/cls_flatten_pvtv2_b0.py', '../_base_/imagenet_cls_300e.py']
+_base_ = ['../_base_/models/cls_flatten_pvtv2_b0.py', '../_base_/imagenet_cls_300e_flatten_pvt.py']
 
 model = dict(backbone=dict(drop_path_rate=0.1))
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / 5e-4, by_epoch=True, begin=0, end=5,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min_ratio=1e-5 / 5e-4, by_epoch=True, begin=5, end=300,
-         convert_to_iter_based=True),
-]
-train_cfg = dict(max_epochs=310)
