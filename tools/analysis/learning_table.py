@@ -83,8 +83,8 @@ AUX_LOSS = {'lavit_t'}
 # 11 together, ~9 s of wall time with two threads on an idle machine. 80 iterations x 3 seeds:
 # ~36 min of training, plus start-up and two evaluations of the 16 images per run (33 runs,
 # ~20 s each: ~11 min). About 50 min in all; --iters / --seeds scale it.
-FULL = dict(iters=80, seeds=(0, 1, 2), evals=2, batch=4, crop=128, warmup=8)
-QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1)
+FULL = dict(iters=80, seeds=(0, 1, 2), evals=2, batch=4, crop=128, warmup=8, lr=2e-4)
+QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1, lr=2e-4)
 
 
 def warmup_then(decay, warmup, iters):
@@ -122,6 +122,7 @@ def run_overrides(name, sizes):
         model.update(type='AuxLossEncoderDecoder', with_backbone_aux_loss=True)
     return dict(
         model=model,
+        optim_wrapper=dict(optimizer=dict(lr=sizes['lr'])),
         # crops of crop x crop from rescales around (crop * 5/4, crop), as the demo's 256 / 320
         train_dataloader=dict(
             batch_size=sizes['batch'],
@@ -167,8 +168,8 @@ def write_report(out, results, sizes, command, pngs, elapsed):
         '',
         'Semantic FPN on the ADE20K-layout shapes data (5 classes, 64 training / 16 validation '
         'images, `python -m mmeffvit.datasets.shapes`), every backbone from scratch, the '
-        f'segmentation demo\'s model and optimiser (`{SEG_DEMO}`: AdamW lr 2e-4, weight decay '
-        f'1e-4) with: {sizes["iters"]} iterations of batch {sizes["batch"]}, '
+        f'segmentation demo\'s model and optimiser (`{SEG_DEMO}`: AdamW, weight decay '
+        f'1e-4) with: lr {sizes["lr"]:g}, {sizes["iters"]} iterations of batch {sizes["batch"]}, '
         f'{sizes["crop"]}x{sizes["crop"]} crops, linear warm-up over {sizes["warmup"]} '
         f'iterations then poly decay, mIoU on the validation images every '
         f'{max(1, sizes["iters"] // sizes["evals"])} iterations; seeds '
@@ -205,6 +206,8 @@ def parse_args(argv=None):
     parser.add_argument('--iters', type=int, help='training iterations per run')
     parser.add_argument('--seeds', type=int, nargs='+', help='seeds (default 0 1 2)')
     parser.add_argument('--crop', type=int, help='training crop side')
+    parser.add_argument('--batch', type=int, help='training batch size')
+    parser.add_argument('--lr', type=float, help='AdamW learning rate')
     parser.add_argument('--work-dir', help='where the runs go (default work_dirs/learning)')
     parser.add_argument('--out', help='the markdown table (default docs/learning.md)')
     parser.add_argument('--fresh', action='store_true', help='retrain finished runs')
@@ -215,7 +218,7 @@ def main(argv=None):
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress lines as they come, also into a file
     sizes = dict(QUICK if args.quick else FULL)
-    for key in ('iters', 'crop'):
+    for key in ('iters', 'crop', 'batch', 'lr'):
         if getattr(args, key):
             sizes[key] = getattr(args, key)
     if args.seeds:
