@@ -65,6 +65,18 @@ def test_pretrained_fine_tuning_loads_the_classifier_backbone(tmp_path):
     assert cfg.to_dict() == scratch.to_dict()  # the same run but for the initialisation
 
 
+def test_scratch_arm_is_the_learning_tables_run(tmp_path):
+    """At the full sizes the study's from-scratch runs are the learning table's, config and all."""
+    args = pretrain_study.parse_args([])
+    for name in pretrain_study.BACKBONES:
+        run_dir = pretrain_study.scratch_dir('/w', name, 1, args)
+        assert run_dir == osp.join(ROOT, 'work_dirs', 'learning', f'{name}_seed1')
+        assert (pretrain_study.seg_text(name, 1, pretrain_study.FULL)
+                == learning_table.run_text(name, 1, learning_table.FULL))
+    quick = pretrain_study.parse_args(['--quick'])
+    assert pretrain_study.scratch_dir('/w', 'lavit_t', 0, quick) == '/w/fpn_lavit_t_scratch_seed0'
+
+
 def test_detection_arm_and_pretraining_configs(tmp_path):
     det = _load(tmp_path, pretrain_study.det_text(0, pretrain_study.FULL, '/x/c.pth'))
     assert det.model.backbone.init_cfg.prefix == 'backbone.'
@@ -73,6 +85,7 @@ def test_detection_arm_and_pretraining_configs(tmp_path):
     assert cls.model.type == 'ImageClassifier' and cls.model.head.num_classes == 8
     assert cls.train_cfg.max_iters == pretrain_study.FULL['cls_iters']
     assert cls.default_hooks.checkpoint.interval == cls.train_cfg.max_iters
+    assert cls.train_cfg.val_interval == cls.train_cfg.max_iters // 4
 
 
 def test_classifier_checkpoint_starts_the_segmentor_backbone(tmp_path):

@@ -67,7 +67,8 @@ def cls_text(backbone, sizes):
     iters = sizes['cls_iters']
     return config_text(BACKBONES[backbone], 0, dict(
         train_dataloader=dict(batch_size=sizes['cls_batch']),
-        train_cfg=dict(max_iters=iters, val_interval=iters),
+        # four evaluations of the 320 validation images (seconds each): a top-1 curve
+        train_cfg=dict(max_iters=iters, val_interval=max(1, iters // 4)),
         param_scheduler=warmup_then(
             dict(type='CosineAnnealingLR', eta_min_ratio=0.01, by_epoch=False), iters // 10,
             iters),
@@ -105,6 +106,15 @@ def det_text(seed, sizes, checkpoint=None):
         init_cfg = dict(_delete_=True, **pretrained_init(checkpoint))
         overrides['model'] = dict(backbone=dict(init_cfg=init_cfg))
     return config_text(DET_DEMO, seed, overrides)
+
+
+def scratch_dir(work_dir, name, seed, args):
+    """Where a from-scratch Semantic FPN run goes: at the full sizes it is the learning table's
+    run of the same config (learning_table.py trains these first), so neither study trains it
+    twice; the config digest decides whether the run there can be reused."""
+    if args.quick or args.work_dir:
+        return osp.join(work_dir, f'fpn_{name}_scratch_seed{seed}')
+    return osp.join(REPO, 'work_dirs', 'learning', f'{name}_seed{seed}')
 
 
 def check_loaded(work_dir, checkpoint):
@@ -203,7 +213,7 @@ def main(argv=None):
             print(f'Semantic FPN {name}, from scratch / pretrained:')
             arms = ([], [])
             for seed in sizes['seeds']:
-                arms[0].append(train(osp.join(work_dir, f'fpn_{name}_scratch_seed{seed}'),
+                arms[0].append(train(scratch_dir(work_dir, name, seed, args),
                                      seg_text(name, seed, sizes), fresh=args.fresh))
                 run_dir = osp.join(work_dir, f'fpn_{name}_pretrained_seed{seed}')
                 arms[1].append(train(run_dir, seg_text(name, seed, sizes, ckpt),
@@ -234,8 +244,8 @@ def main(argv=None):
         seed = sizes['seeds'][0]
         for name in seg:
             png = f'{stem}_fpn_{name}.png'
-            plot([osp.join(work_dir, f'fpn_{name}_{arm}_seed{seed}')
-                  for arm in ('scratch', 'pretrained')], ['from scratch', 'pretrained'], png,
+            plot([scratch_dir(work_dir, name, seed, args),
+                  osp.join(work_dir, f'fpn_{name}_pretrained_seed{seed}')], ['from scratch', 'pretrained'], png,
                  ['loss', 'mIoU'], f'Semantic FPN, {SEG_MODELS[name][0]}, seed {seed}')
             pngs.append(png)
     except StudyError as err:
