@@ -65,13 +65,20 @@ def test_pretrained_fine_tuning_loads_the_classifier_backbone(tmp_path):
     assert cfg.to_dict() == scratch.to_dict()  # the same run but for the initialisation
 
 
-def test_scratch_arm_is_the_learning_tables_run(tmp_path):
-    """At the full sizes the study's from-scratch runs are the learning table's, config and all."""
+def test_scratch_arm_is_the_learning_tables_run_when_the_sizes_agree(tmp_path, monkeypatch):
+    """With the learning table's sizes the study's from-scratch runs are the table's, config and
+    all; with its own sizes (or --quick / --work-dir) they stay in the study's work dir."""
     args = pretrain_study.parse_args([])
+    own = pretrain_study._seg_sizes(learning_table.FULL) != pretrain_study.FULL['seg']
+    assert pretrain_study.scratch_dir('/w', 'lavit_t', 1, args) == (
+        '/w/fpn_lavit_t_scratch_seed1' if own
+        else osp.join(ROOT, 'work_dirs', 'learning', 'lavit_t_seed1'))
+    shared = dict(pretrain_study.FULL, seg=pretrain_study._seg_sizes(learning_table.FULL))
+    monkeypatch.setattr(pretrain_study, 'FULL', shared)
     for name in pretrain_study.BACKBONES:
         run_dir = pretrain_study.scratch_dir('/w', name, 1, args)
         assert run_dir == osp.join(ROOT, 'work_dirs', 'learning', f'{name}_seed1')
-        assert (pretrain_study.seg_text(name, 1, pretrain_study.FULL)
+        assert (pretrain_study.seg_text(name, 1, shared)
                 == learning_table.run_text(name, 1, learning_table.FULL))
     quick = pretrain_study.parse_args(['--quick'])
     assert pretrain_study.scratch_dir('/w', 'lavit_t', 0, quick) == '/w/fpn_lavit_t_scratch_seed0'
@@ -207,3 +214,21 @@ def test_warmup_then_decay_fits_any_length(warmup, iters):
         assert a['end'] == b['begin'] < b['end'] == iters
     assert all(s['begin'] < s['end'] for s in schedule)
     assert schedule[-1]['end'] <= max(iters, 1)
+
+
+def test_pretrain_report_from_run_summaries(tmp_path):
+    """The report writes every arm's mean ± std and names the backbones left out of the run."""
+    def run(metrics):
+        return dict(metrics=metrics, time=0.5, cpu_time=0.9, peak_rss_mb=1400.0)
+    cls = {'flatten_pvt_t': run({'accuracy/top1': 30.0, 'accuracy/top5': 80.0})}
+    seg = {'flatten_pvt_t': ([run({'mIoU': 17.55})] * 3,
+                             [run({'mIoU': m}) for m in (20.0, 21.0, 22.0)])}
+    det = ([run({'coco/bbox_mAP': 0.01, 'coco/segm_mAP': 0.02})],
+           [run({'coco/bbox_mAP': 0.05, 'coco/segm_mAP': 0.04})])
+    out = tmp_path / 'pretraining.md'
+    pretrain_study.write_report(str(out), pretrain_study.FULL, 'python x', cls, seg, det,
+                                [str(tmp_path / 'a.png')], 600.0)
+    text = out.read_text()
+    assert '| FLatten-PVT-T | 17.6 ± 0.0 | 21.0 ± 1.0 |' in text
+    assert '| pretrained on shapes | 0.050 (one seed) | 0.040 (one seed) |' in text
+    assert 'Not in this run: LaViT-T' in text and '![a.png](a.png)' in text

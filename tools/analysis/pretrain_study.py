@@ -48,17 +48,22 @@ def _seg_sizes(sizes):
     return {k: v for k, v in sizes.items() if k != 'seeds'}
 
 
-# Sizes, from pilots on the (shared) 2-core machine in CPU seconds per training iteration with one
-# thread (OMP_NUM_THREADS=1), and ~1.5x less wall time with two threads on an idle machine:
-# * pretraining, batch 8 at 64x64: FLatten-PVT-T 0.44, LaViT-T 0.76-0.93; at batch 32 ~3.5x that:
-#   300 iterations (the demo classifiers' schedule) ~6 + ~10 min with the 320 validation images;
-# * Semantic FPN, batch 4 at 128x128: FLatten-PVT-T 0.85, LaViT-T ~1.1 (learning_table.py's
-#   sizes): 2 backbones x 2 inits x 3 seeds x 80 iterations + ~20 s start-up/evaluation per run:
-#   ~15 min;
-# * Mask R-CNN, batch 2 at 320 px: 6.9: 2 x 150 iterations + evaluation: ~25 min.
-# About 55-60 min in all.
-FULL = dict(cls_iters=300, cls_batch=32, seg=_seg_sizes(LT_FULL), seeds=(0, 1, 2), det_iters=150,
-            det_seeds=(0, ))
+# Sizes. On this data nothing learns fast from scratch (pilots, one thread each, 2-core CPU):
+# * the FLatten-PVT-T classifier at batch 32 (0.80 CPU-s/iter) is at chance after 300 iterations
+#   (13.1 % top-1, 8 classes), 13.8 % after 500 and 17.5 % after 1000 (cosine over 1000); a
+#   ResNet-18 in the same pipeline is still at chance after 300 iterations of batch 16;
+#   LaViT-T costs 2.6 CPU-s/iter there, 3.2x FLatten-PVT-T: its 3000 iterations take ~2.2 h;
+# * Semantic FPN from scratch (FLatten-PVT-T, batch 4 at 128x128, 0.8-0.9 CPU-s/iter) predicts
+#   background only (mIoU 17.55) after 240 iterations at lr 1e-3; from the 1000-iteration
+#   classifier it leaves the background after 150-200 iterations at the demo's lr 2e-4;
+# * Mask R-CNN, batch 2 at 320 px: 6.9 CPU-s/iter.
+# FLatten-PVT-T alone: pretraining 3000 iterations (~42 min), 2 x 3 Semantic FPN runs of 200
+# iterations (~4.5 min each) and 2 Mask R-CNN runs of 150 iterations (~18 min each), ~80 min of
+# one core, ~55 min of wall time on both (runs of one stage in parallel processes); LaViT-T adds
+# ~2.7 h (--backbones lavit_t).
+FULL = dict(cls_iters=3000, cls_batch=32,
+            seg=dict(iters=200, evals=4, batch=4, crop=128, warmup=20, lr=2e-4),
+            seeds=(0, 1, 2), det_iters=150, det_seeds=(0, ))
 QUICK = dict(cls_iters=2, cls_batch=8, seg=_seg_sizes(LT_QUICK), seeds=(0, ), det_iters=2,
              det_seeds=(0, ))
 
@@ -109,10 +114,10 @@ def det_text(seed, sizes, checkpoint=None):
 
 
 def scratch_dir(work_dir, name, seed, args):
-    """Where a from-scratch Semantic FPN run goes: at the full sizes it is the learning table's
-    run of the same config (learning_table.py trains these first), so neither study trains it
-    twice; the config digest decides whether the run there can be reused."""
-    if args.quick or args.work_dir:
+    """Where a from-scratch Semantic FPN run goes: when the study's sizes are the learning
+    table's, the learning table's run of the same config (learning_table.py trains these first),
+    so neither study trains it twice; the config digest decides whether a run can be reused."""
+    if args.quick or args.work_dir or _seg_sizes(LT_FULL) != FULL['seg']:
         return osp.join(work_dir, f'fpn_{name}_scratch_seed{seed}')
     return osp.join(REPO, 'work_dirs', 'learning', f'{name}_seed{seed}')
 
@@ -139,13 +144,20 @@ def write_report(out, sizes, command, cls, seg, det, pngs, elapsed):
         f'160 / 40 images per class of 64-96 px, 64x64 crops, no Mixup / CutMix / RandAugment), '
         f'{sizes["cls_iters"]} iterations of batch {sizes["cls_batch"]}, seed 0;',
         f'* Semantic FPN (ADE20K-layout shapes: 5 classes, 64 / 16 images): the segmentation '
-        f'demo\'s model and optimiser, {seg_sizes["iters"]} iterations of batch '
-        f'{seg_sizes["batch"]}, {seg_sizes["crop"]}x{seg_sizes["crop"]} crops, seeds {seeds} '
-        '(the schedule of docs/learning.md); the backbone from the classifier '
+        f'demo\'s model and optimiser (AdamW, lr {seg_sizes["lr"]:g}), {seg_sizes["iters"]} '
+        f'iterations of batch {seg_sizes["batch"]}, {seg_sizes["crop"]}x{seg_sizes["crop"]} '
+        f'crops, linear warm-up over {seg_sizes["warmup"]} iterations then poly decay, seeds '
+        f'{seeds}; the backbone from the classifier '
         "(`init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')`) or random;",
         (f'* Mask R-CNN (COCO-layout shapes, 4 classes, 320 px): `{DET_DEMO}` cut to '
          f'{sizes["det_iters"]} iterations, seeds {", ".join(map(str, sizes["det_seeds"]))}.'
          if det else '* Mask R-CNN: not run (--no-det).'), '',
+    ]
+    left = [SEG_MODELS[n][0] for n in BACKBONES if n not in cls]
+    if left:
+        lines += [f'Not in this run: {", ".join(left)} (`--backbones` adds them; see the sizes '
+                  'and costs in the script).', '']
+    lines += [
         '## Pretraining', '',
         '| backbone | top-1 (%) | top-5 (%) | s/iter (wall) | CPU s/iter |',
         '|---|---|---|---|---|',
