@@ -53,16 +53,16 @@ def _seg_sizes(sizes):
 #   (13.1 % top-1, 8 classes), 13.8 % after 500 and 17.5 % after 1000 (cosine over 1000); a
 #   ResNet-18 in the same pipeline is still at chance after 300 iterations of batch 16;
 #   LaViT-T costs 2.6 CPU-s/iter there, 3.2x FLatten-PVT-T: its 3000 iterations take ~2.2 h;
-# * Semantic FPN from scratch (FLatten-PVT-T, batch 4 at 128x128, 0.8-0.9 CPU-s/iter) predicts
-#   background only (mIoU 17.55) after 240 iterations at lr 1e-3; from the 1000-iteration
-#   classifier it leaves the background after 150-200 iterations at the demo's lr 2e-4;
+# * Semantic FPN (the learning table's sizes, learning_table.py): from scratch FLatten-PVT-T
+#   leaves the background (mIoU 17.55) after 150 of the 200 iterations (19.3 at the end); from
+#   the 1000-iteration classifier it ends at 18.8;
 # * Mask R-CNN, batch 2 at 320 px: 6.9 CPU-s/iter.
-# FLatten-PVT-T alone: pretraining 3000 iterations (~42 min), 2 x 3 Semantic FPN runs of 200
-# iterations (~4.5 min each) and 2 Mask R-CNN runs of 150 iterations (~18 min each), ~80 min of
-# one core, ~55 min of wall time on both (runs of one stage in parallel processes); LaViT-T adds
-# ~2.7 h (--backbones lavit_t).
+# FLatten-PVT-T alone (--backbones flatten_pvt_t): pretraining 3000 iterations (~40 CPU-min),
+# 2 x 3 Semantic FPN runs of 200 iterations (~4.5 CPU-min each; the 3 from scratch are the
+# learning table's) and 2 Mask R-CNN runs of 150 iterations (~18 CPU-min each): ~100 CPU-min,
+# about an hour of wall time with two threads. LaViT-T adds ~2.7 CPU-hours.
 FULL = dict(cls_iters=3000, cls_batch=32,
-            seg=dict(iters=200, evals=4, batch=4, crop=128, warmup=20, lr=2e-4),
+            seg=_seg_sizes(LT_FULL),
             seeds=(0, 1, 2), det_iters=150, det_seeds=(0, ))
 QUICK = dict(cls_iters=2, cls_batch=8, seg=_seg_sizes(LT_QUICK), seeds=(0, ), det_iters=2,
              det_seeds=(0, ))
