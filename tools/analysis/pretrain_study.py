@@ -63,11 +63,10 @@ def _seg_sizes(sizes):
 # 2 x 3 Semantic FPN runs of 200 iterations (~4.5 CPU-min each; the 3 from scratch are the
 # learning table's) and 2 Mask R-CNN runs of 150 iterations (~18 CPU-min each): ~90 CPU-min,
 # about an hour of wall time with two threads. LaViT-T adds ~2 CPU-hours.
-FULL = dict(cls_iters=2000, cls_batch=32, cls_lr=3e-4,
-            seg=_seg_sizes(LT_FULL),
-            seeds=(0, 1, 2), det_iters=150, det_seeds=(0, ))
-QUICK = dict(cls_iters=2, cls_batch=8, cls_lr=3e-4, seg=_seg_sizes(LT_QUICK), seeds=(0, ), det_iters=2,
-             det_seeds=(0, ))
+FULL = dict(cls_iters=2000, cls_batch=32, cls_lr=3e-4, seg=_seg_sizes(LT_FULL), seeds=(0, 1, 2),
+            det_iters=150, det_seeds=(0, ))
+QUICK = dict(cls_iters=2, cls_batch=8, cls_lr=3e-4, seg=_seg_sizes(LT_QUICK), seeds=(0, ),
+             det_iters=2, det_seeds=(0, ))
 
 
 def cls_text(backbone, sizes):
@@ -261,8 +260,9 @@ def main(argv=None):
         for name in seg:
             png = f'{stem}_fpn_{name}.png'
             plot([scratch_dir(work_dir, name, seed, args),
-                  osp.join(work_dir, f'fpn_{name}_pretrained_seed{seed}')], ['from scratch', 'pretrained'], png,
-                 ['loss', 'mIoU'], f'Semantic FPN, {SEG_MODELS[name][0]}, seed {seed}')
+                  osp.join(work_dir, f'fpn_{name}_pretrained_seed{seed}')],
+                 ['from scratch', 'pretrained'], png, ['loss', 'mIoU'],
+                 f'Semantic FPN, {SEG_MODELS[name][0]}, seed {seed}')
             pngs.append(png)
     except StudyError as err:
         print(f'pretrain_study: {err}', file=sys.stderr)
