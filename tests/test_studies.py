@@ -219,16 +219,21 @@ def test_warmup_then_decay_fits_any_length(warmup, iters):
 def test_pretrain_report_from_run_summaries(tmp_path):
     """The report writes every arm's mean ± std and names the backbones left out of the run."""
     def run(metrics):
-        return dict(metrics=metrics, time=0.5, cpu_time=0.9, peak_rss_mb=1400.0)
+        return dict(metrics=metrics, time=0.5, cpu_time=0.9, peak_rss_mb=1400.0, wall_s=60.0)
     cls = {'flatten_pvt_t': run({'accuracy/top1': 30.0, 'accuracy/top5': 80.0})}
-    seg = {'flatten_pvt_t': ([run({'mIoU': 17.55})] * 3,
-                             [run({'mIoU': m}) for m in (20.0, 21.0, 22.0)])}
+    seg = {'flatten_pvt_t': ([dict(run({'mIoU': 17.55}), first_miou=17.55, first_iter=50,
+                                   last_loss=0.5)] * 3,
+                             [dict(run({'mIoU': m}), first_miou=m - 1, first_iter=50,
+                                   last_loss=0.3) for m in (20.0, 21.0, 22.0)])}
     det = ([run({'coco/bbox_mAP': 0.01, 'coco/segm_mAP': 0.02})],
            [run({'coco/bbox_mAP': 0.05, 'coco/segm_mAP': 0.04})])
     out = tmp_path / 'pretraining.md'
     pretrain_study.write_report(str(out), pretrain_study.FULL, 'python x', cls, seg, det,
                                 [str(tmp_path / 'a.png')], 600.0)
     text = out.read_text()
-    assert '| FLatten-PVT-T | 17.6 ± 0.0 | 21.0 ± 1.0 |' in text
+    assert ('| FLatten-PVT-T | pretrained on shapes | 21.0 ± 1.0 | 20.0 ± 1.0 (iter 50) | '
+            '0.300 ± 0.000 | 0.90 |') in text
+    assert '| FLatten-PVT-T | from scratch | 17.6 ± 0.0 |' in text
     assert '| pretrained on shapes | 0.050 (one seed) | 0.040 (one seed) |' in text
     assert 'Not in this run: LaViT-T' in text and '![a.png](a.png)' in text
+    assert '9 min in all (this invocation: 10 min' in text  # 9 runs of 60 s

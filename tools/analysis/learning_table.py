@@ -178,7 +178,9 @@ def write_report(out, results, sizes, command, pngs, elapsed):
         'the same mIoU). mIoU: the last evaluation, mean ± std over the seeds. Cost: mean wall '
         'and CPU seconds (all threads) per training iteration and peak resident memory of the '
         'training process (framework included), mean over the seeds; wall time depends on the '
-        f'machine\'s load. Whole table: {elapsed / 60:.0f} min.',
+        f'machine\'s load. Training time of its runs, one process each: '
+        f'{sum(r.get("wall_s", 0.0) for runs in results.values() for r in runs) / 60:.0f} min '
+        f'in all (this invocation: {elapsed / 60:.0f} min; finished runs are reused).',
         '',
         '| backbone | attention | mIoU (%) | s/iter (wall) | CPU s/iter | peak memory (MiB) |',
         '|---|---|---|---|---|---|',
