@@ -10,7 +10,8 @@ seconds per training iteration and the peak resident memory of the training proc
 (mmeffvit.engine.cost_hook.IterCostHook; the framework alone holds about 1 GiB of it). Curves of
 loss and mIoU vs iteration (tools/analysis/plot_logs.py) go to docs/learning_*.png.
 
-    # the table in docs/ (about an hour on an idle 2-core CPU; see docs/learning.md for sizes)
+    # the table in docs/ (~2.8 h of one core: see FULL below; two processes with disjoint
+    # --models and the same --work-dir share the cores, a last call reuses their runs)
     python tools/analysis/learning_table.py
     # a check that every model trains (minutes; writes to work_dirs/learning_quick/ only)
     python tools/analysis/learning_table.py --quick

@@ -16,7 +16,9 @@ On the embedded shapes data, seeded and reproducible (the same command gives the
 Every fine-tuning run from a checkpoint checks in its log that the backbone loaded it (a missing
 file would only be a warning in the backbone). Curves go to docs/pretraining_*.png.
 
-    python tools/analysis/pretrain_study.py           # docs/pretraining.md, about an hour
+    # docs/pretraining.md: FLatten-PVT-T alone about an hour, both backbones about 3 h
+    python tools/analysis/pretrain_study.py --backbones flatten_pvt_t
+    python tools/analysis/pretrain_study.py
     python tools/analysis/pretrain_study.py --quick   # every stage with tiny sizes (minutes)
 
 Finished runs are reused when the command is repeated (``--fresh`` trains everything again).
