@@ -53,8 +53,8 @@ def _seg_sizes(sizes):
 
 
 # Sizes. On this data nothing learns fast from scratch (pilots, one thread each, 2-core CPU):
-# * the FLatten-PVT-T classifier at batch 32 (0.80 CPU-s/iter) at lr 1e-3 (the demos' former lr) learns
-#   only once the cosine has taken the lr below ~3e-4: over 1000 iterations top-1 (8 classes) is
+# * the FLatten-PVT-T classifier at batch 32 (0.80 CPU-s/iter) at lr 1e-3 (the demos' former
+#   lr) learns only once the cosine has taken the lr below ~3e-4: over 1000 iterations top-1 is
 #   12.8 / 13.8 / 16.3 / 17.5 % after 250 / 500 / 750 / 1000; over 3000 it is 13.8 % after 750
 #   and 12.2 % after 1500 (lr still 5.5e-4). Hence lr 3e-4 here. A ResNet-18 in the same
 #   pipeline is still at chance after 300 iterations of batch 16. LaViT-T costs 2.3-2.9
