@@ -134,11 +134,15 @@ def test_summarise_reads_metrics_and_cost(tmp_path):
     _write_log(tmp_path, [
         dict(lr=1e-3, loss=2.0, time=9.0, cpu_time=5.0, peak_rss_mb=1000., iter=1, step=1),
         dict(lr=1e-3, loss=1.5, time=2.0, cpu_time=1.0, peak_rss_mb=1200., iter=2, step=2),
+        dict(mIoU=30.0, aAcc=85.0, time=0.5, data_time=0.1, step=2),
         dict(lr=1e-3, loss=1.0, time=4.0, cpu_time=3.0, peak_rss_mb=1100., iter=3, step=3),
         dict(mIoU=41.5, aAcc=90.0, time=0.5, data_time=0.1, step=3),
     ])
     summary = study_runs.summarise(str(tmp_path))
     assert summary['metrics'] == dict(mIoU=41.5, aAcc=90.0)
+    assert summary['first_metrics'] == dict(mIoU=30.0, aAcc=85.0)
+    assert summary['first_val_iter'] == 2
+    assert summary['last_loss'] == pytest.approx(1.5)  # mean of the logged losses (< 5 of them)
     assert summary['iters'] == 3
     assert summary['time'] == pytest.approx(3.0)  # the first (start-up) interval left out
     assert summary['cpu_time'] == pytest.approx(2.0)
@@ -151,23 +155,54 @@ def test_summarise_refuses_a_run_without_metrics(tmp_path):
         study_runs.summarise(str(tmp_path))
 
 
-def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypatch):
-    text = study_runs.config_text(learning_table.SEG_DEMO, 0)
-    work_dir = tmp_path / 'run'
-    work_dir.mkdir()
-    done = dict(metrics=dict(mIoU=1.0), config_sha256=study_runs.hashlib.sha256(
-        text.encode()).hexdigest())
-    (work_dir / 'summary.json').write_text(json.dumps(done))
+def _finished_run(work_dir, text, **summary):
+    """A run dir as train() leaves it: logs and a summary for ``text``."""
+    _write_log(work_dir, [dict(lr=1e-3, loss=1.0, time=1.0, cpu_time=1.0, peak_rss_mb=1e3,
+                               iter=1, step=1), dict(mIoU=1.0, step=1)])
+    summary.setdefault('config_sha256', study_runs.hashlib.sha256(text.encode()).hexdigest())
+    (work_dir / 'summary.json').write_text(json.dumps(summary))
 
+
+def _failing_training(monkeypatch):
     def fail(cmd, **kwargs):
         kwargs['stdout'].write('Traceback ...\nValueError: broken config\n')
         return types.SimpleNamespace(returncode=1)
-
     monkeypatch.setattr(study_runs.subprocess, 'run', fail)
-    assert study_runs.train(str(work_dir), text, log=lambda *a: None) == done
+
+
+def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypatch):
+    base = tmp_path / 'base.py'
+    base.write_text('lr = 0.1\n')
+    text = study_runs.config_text(str(base), 0)
+    work_dir = tmp_path / 'run'
+    work_dir.mkdir()
+    _finished_run(work_dir, text, metrics=dict(mIoU=1.0), wall_s=5.0)
+    _failing_training(monkeypatch)
+    reused = study_runs.train(str(work_dir), text, log=lambda *a: None)
+    # the summary of an older version gains what the logs give, and the resolved digest
+    assert reused['metrics'] == dict(mIoU=1.0) and reused['wall_s'] == 5.0
+    assert reused['first_metrics'] == dict(mIoU=1.0) and reused['last_loss'] == 1.0
+    assert reused['resolved_sha256'] == study_runs.resolved_digest(text)
+    assert json.loads((work_dir / 'summary.json').read_text()) == reused
+    assert study_runs.train(str(work_dir), text, log=lambda *a: None) == reused
     with pytest.raises(study_runs.StudyError, match='broken config'):
         study_runs.train(str(work_dir), text + '# changed\n', log=lambda *a: None)
     assert not (work_dir / 'summary.json').exists()  # the stale run was cleared
+
+
+def test_train_retrains_when_an_inherited_config_changed(tmp_path, monkeypatch):
+    base = tmp_path / 'base.py'
+    base.write_text('lr = 0.1\n')
+    text = study_runs.config_text(str(base), 0)
+    work_dir = tmp_path / 'run'
+    work_dir.mkdir()
+    _finished_run(work_dir, text, metrics=dict(mIoU=1.0),
+                  resolved_sha256=study_runs.resolved_digest(text))
+    _failing_training(monkeypatch)
+    assert study_runs.train(str(work_dir), text, log=lambda *a: None)['metrics'] == dict(mIoU=1.0)
+    base.write_text('lr = 0.2\n')  # the generated text is unchanged, what it resolves to is not
+    with pytest.raises(study_runs.StudyError, match='broken config'):
+        study_runs.train(str(work_dir), text, log=lambda *a: None)
 
 
 def test_check_loaded(tmp_path):
@@ -221,10 +256,10 @@ def test_pretrain_report_from_run_summaries(tmp_path):
     def run(metrics):
         return dict(metrics=metrics, time=0.5, cpu_time=0.9, peak_rss_mb=1400.0, wall_s=60.0)
     cls = {'flatten_pvt_t': run({'accuracy/top1': 30.0, 'accuracy/top5': 80.0})}
-    seg = {'flatten_pvt_t': ([dict(run({'mIoU': 17.55}), first_miou=17.55, first_iter=50,
-                                   last_loss=0.5)] * 3,
-                             [dict(run({'mIoU': m}), first_miou=m - 1, first_iter=50,
-                                   last_loss=0.3) for m in (20.0, 21.0, 22.0)])}
+    seg = {'flatten_pvt_t': ([dict(run({'mIoU': 17.55}), first_metrics={'mIoU': 17.55},
+                                   first_val_iter=50, last_loss=0.5)] * 3,
+                             [dict(run({'mIoU': m}), first_metrics={'mIoU': m - 1},
+                                   first_val_iter=50, last_loss=0.3) for m in (20.0, 21.0, 22.0)])}
     det = ([run({'coco/bbox_mAP': 0.01, 'coco/segm_mAP': 0.02})],
            [run({'coco/bbox_mAP': 0.05, 'coco/segm_mAP': 0.04})])
     out = tmp_path / 'pretraining.md'

@@ -24,7 +24,6 @@ file would only be a warning in the backbone). Curves go to docs/pretraining_*.p
 Finished runs are reused when the command is repeated (``--fresh`` trains everything again).
 """
 import argparse
-import math
 import os.path as osp
 import subprocess
 import sys
@@ -34,15 +33,11 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from learning_table import MODELS as SEG_MODELS  # noqa: E402
 from learning_table import FULL as LT_FULL  # noqa: E402
 from learning_table import QUICK as LT_QUICK  # noqa: E402
-from learning_table import SEG_DEMO, run_overrides, warmup_then  # noqa: E402
+from learning_table import PRETRAINED, SEG_DEMO, run_overrides, warmup_then  # noqa: E402
 from study_runs import (REPO, StudyError, config_text, fmt_mean_std, last_checkpoint,  # noqa
                         mean_std, plot, train)
-from plot_logs import Run, find_scalar_logs  # noqa: E402
 
-BACKBONES = {
-    'flatten_pvt_t': 'configs/demo/cls_flatten_pvt_t_300e_shapes.py',
-    'lavit_t': 'configs/demo/cls_lavit_t_300e_shapes.py',
-}
+BACKBONES = {name: f'configs/demo/cls_{name}_300e_shapes.py' for name in PRETRAINED}
 DET_DEMO = 'configs/demo/mask_rcnn_flatten_pvt_t_1x_shapes.py'
 DET_BACKBONE = 'flatten_pvt_t'
 
@@ -136,15 +131,6 @@ def check_loaded(work_dir, checkpoint):
         raise StudyError(f'{work_dir}: the backbone did not report loading {checkpoint}')
 
 
-def with_curve(work_dir, summary):
-    """``summary`` plus the run's first mIoU and its mean training loss over the last five
-    logged intervals: how fast each arm starts, and how well it fits."""
-    run = Run(osp.basename(work_dir), find_scalar_logs(work_dir))
-    losses = run.series('loss')[1][-5:]
-    return dict(summary, first_miou=run.series('mIoU')[1][0], first_iter=run.series('mIoU')[0][0],
-                last_loss=sum(losses) / len(losses))
-
-
 def run_minutes(cls, seg, det):
     """Wall minutes the study's runs took when they were trained (``wall_s`` of each summary)."""
     runs = list(cls.values()) + [r for arms in seg.values() for arm in arms for r in arm]
@@ -199,12 +185,12 @@ def write_report(out, sizes, command, cls, seg, det, pngs, elapsed):
               'CPU s/iter |', '|---|---|---|---|---|---|']
     for name, arms in seg.items():
         for arm, runs in zip(('from scratch', 'pretrained on shapes'), arms):
-            first = runs[0].get('first_iter', '?')
+            first = runs[0]['first_val_iter']
             lines.append(
                 f'| {SEG_MODELS[name][0]} | {arm} | '
                 f'{fmt_mean_std([r["metrics"]["mIoU"] for r in runs])} | '
-                f'{fmt_mean_std([r.get("first_miou", math.nan) for r in runs])} (iter {first}) '
-                f'| {fmt_mean_std([r.get("last_loss", math.nan) for r in runs], 3)} | '
+                f'{fmt_mean_std([r["first_metrics"]["mIoU"] for r in runs])} (iter {first}) '
+                f'| {fmt_mean_std([r["last_loss"] for r in runs], 3)} | '
                 f'{mean_std([r["cpu_time"] for r in runs])[0]:.2f} |')
     if det:
         lines += ['', f'## Mask R-CNN, {SEG_MODELS[DET_BACKBONE][0]} (mAP)', '',
@@ -257,11 +243,10 @@ def main(argv=None):
             arms = ([], [])
             for seed in sizes['seeds']:
                 scratch = scratch_dir(work_dir, name, seed, args)
-                arms[0].append(with_curve(scratch, train(scratch, seg_text(name, seed, sizes),
-                                                         fresh=args.fresh)))
+                arms[0].append(train(scratch, seg_text(name, seed, sizes), fresh=args.fresh))
                 run_dir = osp.join(work_dir, f'fpn_{name}_pretrained_seed{seed}')
-                arms[1].append(with_curve(run_dir, train(
-                    run_dir, seg_text(name, seed, sizes, ckpt), fresh=args.fresh)))
+                arms[1].append(train(run_dir, seg_text(name, seed, sizes, ckpt),
+                                     fresh=args.fresh))
                 check_loaded(run_dir, ckpt)
             seg[name] = arms
         if not args.no_det and DET_BACKBONE in cls:
