@@ -33,9 +33,10 @@ from study_runs import (REPO, StudyError, config_text, fmt_mean_std, mean_std,  
 SEG_DEMO = 'configs/demo/fpn_flatten_pvt_t_80k_shapes.py'
 
 
-def _base_backbone(path, key='backbone'):
-    """The backbone dict a repository config defines (``backbone`` or ``model.backbone``)."""
-    return ('base', path, key)
+def _base_backbone(path, key='backbone', **overrides):
+    """The backbone dict a repository config defines (``backbone`` or ``model.backbone``), with
+    ``overrides``."""
+    return ('base', path, key, overrides)
 
 
 # name -> (label, attention, backbone (a dict, or where to read it), neck in_channels)
@@ -65,8 +66,12 @@ MODELS = {
     'flatten_cswin_t': ('FLatten-CSWin-T', 'focused linear + cross-shaped windows',
                         _base_backbone('configs/_base_/backbones/flatten_cswin_t.py'),
                         [64, 128, 256, 512]),
+    # windows of 64x64 pixels, as the shapes classifier (configs/demo/cls_lavit_t_300e_shapes.py)
+    # whose checkpoint pretrain_study.py loads: at the default 224 a 128x128 crop is padded into
+    # one 14x14 window at stage 3 (1.04 vs 0.57 GMAC)
     'lavit_t': ('LaViT-T', 'less attention',
-                _base_backbone('configs/_base_/backbones/lavit_t.py'), [64, 128, 320, 448]),
+                _base_backbone('configs/_base_/backbones/lavit_t.py', pretrain_img_size=64),
+                [64, 128, 320, 448]),
     'care_s0': ('CARE-S0', 'asymmetric linear',
                 _base_backbone('configs/_base_/backbones/care_s0.py'), [32, 64, 128, 1024]),
     'l2vit_t': ('L2ViT-T', 'linear global + local window',
@@ -74,6 +79,9 @@ MODELS = {
     'focal_t': ('Focal-T', 'focal (softmax, multi-level)',
                 _base_backbone('configs/_base_/backbones/focal_t.py'), [96, 192, 384, 768]),
 }
+# the backbones pretrain_study.py pretrains: its from-scratch arms are this table's runs, which
+# the table trains first
+PRETRAINED = ('flatten_pvt_t', 'lavit_t')
 # backbones whose auxiliary loss the segmentor must add (LaViT's diagonality loss, sec. 3.4)
 AUX_LOSS = {'lavit_t'}
 
@@ -102,11 +110,11 @@ def backbone_dict(spec):
     """A backbone dict for the segmentor: random initialisation (``init_cfg=None``)."""
     if isinstance(spec, tuple):
         from mmengine.config import Config
-        _, path, key = spec
+        _, path, key, overrides = spec
         cfg = Config.fromfile(osp.join(REPO, path), import_custom_modules=False)
         for part in key.split('.'):
             cfg = cfg[part]
-        backbone = cfg.to_dict()
+        backbone = dict(cfg.to_dict(), **overrides)
     else:
         backbone = dict(spec)
     backbone.update(_delete_=True, init_cfg=None)
@@ -241,8 +249,7 @@ def main(argv=None):
     start = time.time()
     results = {}
     try:
-        # pretrain_study.py reuses these from-scratch runs: train them first
-        for name in sorted(args.models, key=lambda n: n not in ('flatten_pvt_t', 'lavit_t')):
+        for name in sorted(args.models, key=lambda n: n not in PRETRAINED):
             print(f'{MODELS[name][0]}:')
             results[name] = [
                 train(osp.join(work_dir, f'{name}_seed{seed}'), run_text(name, seed, sizes),
