@@ -323,28 +323,32 @@ def test_resize_bias_table_keeps_a_constant_table_and_the_centre():
     assert resize_bias_table(ramp, 529).reshape(23, 23)[11, 11] == pytest.approx(6.0, abs=1e-4)
 
 
+@pytest.mark.parametrize('bias_windows', [1, 6])
 @pytest.mark.parametrize('with_mask', [False, True])
-def test_biased_attention_matches_explicit_softmax_with_gradients(with_mask):
+def test_biased_attention_matches_explicit_softmax_with_gradients(with_mask, bias_windows):
     # the recomputing backward (bias that needs a gradient, CPU) against autograd through an
-    # explicit softmax, in float64: output and the gradients of q, k, v and the bias
+    # explicit softmax, in float64: output and the gradients of q, k, v and the bias (shared by
+    # the windows or one per window); keys as a transposed view, as Focal's gathered keys
     from mmeffvit.models.layers.relative_position import biased_attention
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(6, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-               for _ in range(3))
-    k2 = torch.randn(6, 2, 7, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    q = torch.randn(6, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    k2 = torch.randn(6, 7, 2, 4, generator=gen, dtype=torch.float64).requires_grad_()
     v2 = torch.randn(6, 2, 7, 3, generator=gen, dtype=torch.float64).requires_grad_()
-    bias = torch.randn(1, 2, 5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(bias_windows, 2, 5, 7, generator=gen, dtype=torch.float64,
+                       requires_grad=True)
+    bias_before = bias.detach().clone()
     mask = None
     if with_mask:
         mask = torch.zeros(6, 1, 1, 7, dtype=torch.float64)
         mask[::2, ..., -2:] = float('-inf')
     grad = torch.randn(6, 2, 5, 3, generator=gen, dtype=torch.float64)
-    out = biased_attention(q, k2, v2, bias, mask, scale=0.3)
+    out = biased_attention(q, k2.transpose(1, 2), v2, bias, mask, scale=0.3)
     assert out.grad_fn is not None and 'Recomputed' in type(out.grad_fn).__name__
     got = torch.autograd.grad(out, (q, k2, v2, bias), grad)
-    scores = q @ k2.transpose(-2, -1) * 0.3 + bias + (0 if mask is None else mask)
+    scores = q @ k2.permute(0, 2, 3, 1) * 0.3 + bias + (0 if mask is None else mask)
     ref = scores.softmax(-1) @ v2
     want = torch.autograd.grad(ref, (q, k2, v2, bias), grad)
     torch.testing.assert_close(out, ref)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+    assert torch.equal(bias.detach(), bias_before)  # the backward works on its own buffers

@@ -346,3 +346,29 @@ def test_tables_resized_by_exact_name(tmp_path):
     mean = model.convert_weights({key: torch.full((1, 49), 1 / 49)})
     torch.testing.assert_close(mean[key],
                                torch.full((1, 81), 1 / 81))
+
+
+def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
+    """The training path that gathers keys again in backward (bias with a gradient) against
+    autograd through the gather and an explicit softmax, float64; the index repeats keys (ring
+    duplicates, the zero token) so that the scatter back into the bank adds."""
+    from mmeffvit.models.backbones.focal_transformer import _GatheredKeysAttention, gather_keys
+    gen = torch.Generator().manual_seed(5)
+    b, nw, heads, n, d, m = 2, 3, 2, 4, 3, 9
+    q = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    bank = torch.randn(b, m, 2, heads * d, generator=gen, dtype=torch.float64,
+                       requires_grad=True)
+    index = torch.randint(0, m, (nw, 6), generator=gen)
+    index[:, -1] = m - 1  # every window reads the last token
+    bias = torch.randn(1, heads, n, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(b * nw, 1, 1, 6, dtype=torch.float64)
+    mask[::2, ..., 0] = float('-inf')
+    grad = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64)
+    out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, 0.4)
+    got = torch.autograd.grad(out, (q, bank, bias), grad)
+    k, v = gather_keys(bank, index, heads)
+    ref = ((q @ k.transpose(-2, -1)) * 0.4 + bias + mask).softmax(-1) @ v
+    want = torch.autograd.grad(ref, (q, bank, bias), grad)
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

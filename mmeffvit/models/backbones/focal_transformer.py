@@ -16,7 +16,7 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
-from ..layers.relative_position import (biased_attention, cache_allowed,
+from ..layers.relative_position import (attention_backward, biased_attention, cache_allowed,
                                         relative_position_index, resize_bias_table, tables_key,
                                         window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
@@ -72,6 +72,46 @@ def centre_fit(x, height, width):
             pad = [0, 0] * (x.dim() - dim - 1) + [before, size - cur - before]
             x = F.pad(x, pad)
     return x
+
+
+def gather_keys(bank, index, num_heads):
+    """Keys and values ``(B·nW, h, N, d)`` of every window from the bank ``(B, M, 2, C)``."""
+    b, _, _, c = bank.shape
+    nw, n = index.shape
+    kv = bank.index_select(1, index.reshape(-1)).view(b * nw, n, 2, num_heads, c // num_heads)
+    return tuple(t.transpose(1, 2) for t in kv.unbind(2))
+
+
+class _GatheredKeysAttention(torch.autograd.Function):
+    """Focal attention with a trained bias whose backward gathers the keys again.
+
+    Autograd through :func:`gather_keys` would keep the gathered keys and values of every
+    block for backward: 4-5x the map (each window reads 182-230 keys). This keeps the bank
+    (about the map's size) and the index instead and gathers again in backward, where
+    :func:`attention_backward` recomputes the probabilities as :func:`biased_attention` does;
+    the key gradients are scattered back into the bank (``index_add_``, the backward of the
+    gather).
+    """
+
+    @staticmethod
+    def forward(ctx, q, bank, index, bias, mask, scale):
+        k, v = gather_keys(bank, index, q.shape[1])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=scale)
+        ctx.save_for_backward(q, bank, index, bias, mask, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, bank, index, bias, mask, out = ctx.saved_tensors
+        k, v = gather_keys(bank, index, q.shape[1])
+        grad_q, grad_k, grad_v, grad_bias = attention_backward(
+            q, k, v, bias, mask, out, grad_out, ctx.scale, ctx.needs_input_grad[3])
+        # (B·nW, h, N, d) pair -> the gathered layout (B, nW·N, 2, C)
+        grad_kv = torch.stack((grad_k.transpose(1, 2), grad_v.transpose(1, 2)), 2)
+        grad_bank = bank.new_zeros(bank.shape).index_add_(
+            1, index.reshape(-1), grad_kv.view(bank.shape[0], -1, *bank.shape[2:]))
+        return grad_q, grad_bank, None, grad_bias, None, None
 
 
 class FocalAttention(nn.Module):
@@ -187,25 +227,30 @@ class FocalAttention(nn.Module):
         b, hp, wp, c = x.shape
         h, w = self.num_heads, self.window_size
         d = c // h
-        qkv = self.qkv(x).reshape(b, hp * wp, 3, c)
+        # split rather than indexing: its backward joins the gradients in one tensor, where
+        # each index's backward fills a zero tensor of the whole input and the pieces are added
+        q, kv = self.qkv(x).reshape(b, hp * wp, 3, c).split([1, 2], 2)
         # one bank of (k, v) pairs, gathered by one index_select: measured faster, forward and
         # backward, than indexing k and v banks apart or each bank apart and joining the gathers
-        banks = [qkv[:, :, 1:]] + [self.qkv(p).reshape(b, -1, 3, c)[:, :, 1:] for p in pooled]
-        bank = torch.cat(banks + [qkv.new_zeros(b, 1, 2, c)], 1)  # last: the zero token
-        nw, n = index.shape
-        kv = bank.index_select(1, index.reshape(-1)).view(b * nw, n, 2, h, d)
-        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B·nW, h, N, d)
-        q = window_partition(qkv[:, :, 0].reshape(b, hp, wp, c), w, num_heads=h)
+        banks = [kv] + [self.qkv(p).reshape(b, -1, 3, c).split([1, 2], 2)[1] for p in pooled]
+        bank = torch.cat(banks + [kv.new_zeros(b, 1, 2, c)], 1)  # last: the zero token
+        nw = index.shape[0]
+        q = window_partition(q.reshape(b, hp, wp, c), w, num_heads=h)
         q = q.reshape(b * nw, h, w * w, d)
         drop = self.attn_drop.p if self.training else 0.
         if cache_allowed(*self.bias_tables()):
+            k, v = gather_keys(bank, index, h)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=self.attention_mask(key_mask, q.dtype, b), dropout_p=drop,
                 scale=self.scale)
         else:  # training the tables: bias and key mask stay apart (see biased_attention)
             mask = window_attention_mask(key_mask[:, None, None].to(q.dtype), b)
-            out = biased_attention(q, k, v, self.key_bias()[None].to(q.dtype), mask,
-                                   self.scale, drop)
+            bias = self.key_bias()[None].to(q.dtype)
+            if q.device.type == 'cpu' and not drop:
+                out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, self.scale)
+            else:
+                out = biased_attention(q, *gather_keys(bank, index, h), bias, mask, self.scale,
+                                       drop)
         out = window_reverse(out.view(b, nw, h, w * w, d), w, hp, wp)
         return self.proj_drop(self.proj(out))
 

@@ -110,23 +110,45 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, bias, mask, out = ctx.saved_tensors
-        scores = torch.matmul(q, k.transpose(-2, -1)) * ctx.scale + bias
-        if mask is not None:
-            scores = scores + mask
-        if scores.dtype in (torch.float16, torch.bfloat16):  # softmax in fp32, as autocast
-            probs = scores.float().softmax(-1).to(scores.dtype)
-        else:
-            probs = scores.softmax(-1)
-        del scores
-        grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
-        grad_p = torch.matmul(grad_out, v.transpose(-2, -1))
-        grad_p -= (grad_out * out).sum(-1, keepdim=True)
-        grad_s = probs.mul_(grad_p)
-        del grad_p
-        grad_q = torch.matmul(grad_s, k) * ctx.scale
-        grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * ctx.scale
-        grad_bias = _sum_to(grad_s, bias.shape) if ctx.needs_input_grad[3] else None
-        return grad_q, grad_k, grad_v, grad_bias, None, None
+        grads = attention_backward(q, k, v, bias, mask, out, grad_out, ctx.scale,
+                                   ctx.needs_input_grad[3])
+        return grads + (None, None)
+
+
+def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True):
+    """Gradients of ``out = softmax(q·kᵀ·scale + bias + mask)·v`` for q, k, v and ``bias``
+    (summed to its broadcast shape; None unless ``bias_grad``), the probabilities recomputed.
+
+    ``q (…, n, d)``, ``k (…, N, d)``, ``v (…, N, e)`` share their leading dimensions; ``bias``
+    and ``mask`` (None allowed) broadcast to ``(…, n, N)``.
+    """
+    lead, n, big_n = q.shape[:-2], q.shape[-2], k.shape[-2]
+    # batched 3-D GEMMs on (B'·h, n|N, d): the additive terms are written once and the scaled
+    # q·kᵀ accumulated into them in place (baddbmm), one pass over the scores where matmul,
+    # scale and the two additions took four
+    full = lead + (n, big_n)
+    if mask is None:  # a fresh tensor: the bias itself must stay as it is
+        add = bias.expand(full).clone(memory_format=torch.contiguous_format)
+    else:
+        add = bias + mask
+        if add.shape != full or not add.is_contiguous():
+            add = add.expand(full).contiguous()
+    q3, k3 = q.reshape(-1, n, q.shape[-1]), k.reshape(-1, big_n, k.shape[-1])
+    scores = add.view(-1, n, big_n).baddbmm_(q3, k3.transpose(1, 2), alpha=scale)
+    if scores.dtype in (torch.float16, torch.bfloat16):  # softmax in fp32, as autocast
+        probs = scores.float().softmax(-1).to(scores.dtype)
+    else:
+        probs = scores.softmax(-1)
+    del scores, add
+    go3, v3 = grad_out.reshape(-1, n, v.shape[-1]), v.reshape(-1, big_n, v.shape[-1])
+    grad_v = torch.bmm(probs.transpose(1, 2), go3)
+    # dL/dscores = P ∘ (dO·vᵀ - rowsum(dO ∘ O)): the row term enters as the GEMM's input
+    row = (go3 * out.reshape(go3.shape)).sum(-1, keepdim=True)
+    grad_s = probs.mul_(torch.baddbmm(row, go3, v3.transpose(1, 2), beta=-1))
+    grad_q = torch.bmm(grad_s, k3).mul_(scale)
+    grad_k = torch.bmm(grad_s.transpose(1, 2), q3).mul_(scale)
+    grad_bias = _sum_to(grad_s.view(full), bias.shape) if bias_grad else None
+    return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape), grad_bias
 
 
 def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
