@@ -262,3 +262,15 @@ def test_golden_fill_rule_reproduces_stored_weights():
     for key, value in record['state_dict'].items():
         if not key.endswith('num_batches_tracked'):
             assert torch.equal(fill(key, value.shape), value), key
+
+
+def test_blocks_get_contiguous_tokens():
+    """The LayerNorm-before-conv downsampling hands the stage contiguous tokens: a conv's NCHW
+    output viewed as tokens would make every norm and GEMM of the stage copy its input."""
+    model = L2ViT(arch='tiny')
+    seen = []
+    for stage in model.stages:
+        for block in stage:
+            block.register_forward_pre_hook(lambda mod, args: seen.append(args[0].is_contiguous()))
+    model(torch.randn(1, 3, 96, 128))
+    assert len(seen) == sum(model.depths) and all(seen)

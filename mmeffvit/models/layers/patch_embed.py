@@ -77,4 +77,7 @@ class PatchEmbed(nn.Module):
         if self.pad_input:
             x = pad_to_multiple(x, self.stride)
         x, hw = map_to_tokens(self.proj(x))
-        return (x if self.norm_first else self.norm(x)), hw
+        # the conv returns NCHW, whose token view has strides (·, 1, N): a norm after it makes
+        # the tokens contiguous; without one, copy once here rather than leave the whole stage's
+        # residual stream in that layout (every later norm and GEMM would copy it again)
+        return (x.contiguous() if self.norm_first else self.norm(x)), hw
