@@ -79,5 +79,5 @@ class PatchEmbed(nn.Module):
         x, hw = map_to_tokens(self.proj(x))
         # the conv returns NCHW, whose token view has strides (·, 1, N): a norm after it makes
         # the tokens contiguous; without one, copy once here rather than leave the whole stage's
-        # residual stream in that layout (every later norm and GEMM would copy it again)
+        # residual stream in that layout (every later norm and conv would copy it again)
         return (x.contiguous() if self.norm_first else self.norm(x)), hw
