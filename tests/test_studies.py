@@ -272,3 +272,22 @@ def test_pretrain_report_from_run_summaries(tmp_path):
     assert '| pretrained on shapes | 0.050 (one seed) | 0.040 (one seed) |' in text
     assert 'Not in this run: LaViT-T' in text and '![a.png](a.png)' in text
     assert '9 min in all (this invocation: 10 min' in text  # 9 runs of 60 s
+
+
+def test_learning_report_compares_each_backbone_with_its_softmax_peer(tmp_path):
+    def run(miou, cpu):
+        return dict(metrics={'mIoU': miou}, first_metrics={'mIoU': 17.55}, last_loss=0.4,
+                    time=1.0, cpu_time=cpu, peak_rss_mb=1500.0, wall_s=120.0)
+    results = {'flatten_pvt_t': [run(m, 1.0) for m in (20.0, 21.0, 22.0)],
+               'pvt_t': [run(m, 0.8) for m in (21.0, 23.0, 25.0)],
+               'care_s0': [run(18.0, 0.5)]}  # its peer (Swin-T) is not in this table
+    out = tmp_path / 'learning.md'
+    learning_table.write_report(str(out), results, learning_table.FULL, 'python x',
+                                [str(tmp_path / 'l.png')], 60.0)
+    text = out.read_text()
+    # 21 vs 23: -2.0, the larger std is 2.0 -> -1.0 std; CPU 1.0 / 0.8
+    assert ('| FLatten-PVT-T | focused linear | 21.0 ± 1.0 | 17.6 ± 0.0 | 0.400 ± 0.000 | '
+            'PVT-T: -2.0 (-1.0) / 1.25× | 1.00 | 1.00 | 1500 |') in text
+    assert '| CARE-S0 | asymmetric linear | 18.0 (one seed) | 17.6 (one seed) |' in text
+    assert '| – |' in text.split('CARE-S0')[1].splitlines()[0]
+    assert '14 min in all' in text  # 7 runs of 120 s

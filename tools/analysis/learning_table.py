@@ -79,6 +79,10 @@ MODELS = {
     'focal_t': ('Focal-T', 'focal (softmax, multi-level)',
                 _base_backbone('configs/_base_/backbones/focal_t.py'), [96, 192, 384, 768]),
 }
+# the softmax backbone of mmdet each efficient one is compared with (its width class)
+PEERS = {'flatten_pvt_t': 'pvt_t', 'lavit_t': 'pvt_t', 'flatten_pvtv2_b0': 'pvtv2_b0',
+         'flatten_swin_t': 'swin_t', 'flatten_cswin_t': 'swin_t', 'focal_t': 'swin_t',
+         'l2vit_t': 'swin_t', 'care_s0': 'swin_t'}
 # the backbones pretrain_study.py pretrains: its from-scratch arms are this table's runs, which
 # the table trains first
 PRETRAINED = ('flatten_pvt_t', 'lavit_t')
@@ -191,16 +195,39 @@ def write_report(out, results, sizes, command, pngs, elapsed):
         f'{sum(r.get("wall_s", 0.0) for runs in results.values() for r in runs) / 60:.0f} min '
         f'in all (this invocation: {elapsed / 60:.0f} min; finished runs are reused).',
         '',
-        '| backbone | attention | mIoU (%) | s/iter (wall) | CPU s/iter | peak memory (MiB) |',
-        '|---|---|---|---|---|---|',
+        'mIoU, first: at the first evaluation (how fast a backbone leaves the background-only '
+        'prediction, mIoU 17.55); training loss: mean of the last five logged values (how well '
+        'it fits). *vs peer*: the difference of the mean mIoU to the softmax backbone of mmdet '
+        'of its width class (in the units of the larger of the two std) and the ratio of CPU '
+        's/iter; a difference within one std is no evidence either way.',
+        '',
+        '| backbone | attention | mIoU (%) | mIoU, first | training loss | vs peer: ΔmIoU '
+        '(std) / CPU× | s/iter (wall) | CPU s/iter | peak memory (MiB) |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
+
+    def stats(runs, key):
+        return mean_std([key(r) for r in runs])
+
     for name, runs in results.items():
         label, attention = MODELS[name][:2]
         miou = fmt_mean_std([r['metrics']['mIoU'] for r in runs])
-        wall = mean_std([r['time'] for r in runs])[0]
-        cpu = mean_std([r['cpu_time'] for r in runs])[0]
-        peak = mean_std([r['peak_rss_mb'] for r in runs])[0]
-        lines.append(f'| {label} | {attention} | {miou} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |')
+        first = fmt_mean_std([r['first_metrics']['mIoU'] for r in runs])
+        loss = fmt_mean_std([r['last_loss'] for r in runs], 3)
+        wall = stats(runs, lambda r: r['time'])[0]
+        cpu = stats(runs, lambda r: r['cpu_time'])[0]
+        peak = stats(runs, lambda r: r['peak_rss_mb'])[0]
+        peer = PEERS.get(name)
+        versus = '–'
+        if peer in results:
+            (m, sd), (pm, psd) = (stats(rs, lambda r: r['metrics']['mIoU'])
+                                  for rs in (runs, results[peer]))
+            spread = max(sd, psd)
+            units = f' ({(m - pm) / spread:+.1f})' if spread > 0 else ''
+            pcpu = stats(results[peer], lambda r: r['cpu_time'])[0]
+            versus = f'{MODELS[peer][0].split()[0]}: {m - pm:+.1f}{units} / {cpu / pcpu:.2f}×'
+        lines.append(f'| {label} | {attention} | {miou} | {first} | {loss} | {versus} | '
+                     f'{wall:.2f} | {cpu:.2f} | {peak:.0f} |')
     lines += ['', 'Training curves (loss and mIoU vs iteration, seed '
               f'{sizes["seeds"][0]}):', '']
     lines += [f'![{osp.basename(p)}]({osp.basename(p)})' for p in pngs]
