@@ -16,7 +16,7 @@ On the embedded shapes data, seeded and reproducible (the same command gives the
 Every fine-tuning run from a checkpoint checks in its log that the backbone loaded it (a missing
 file would only be a warning in the backbone). Curves go to docs/pretraining_*.png.
 
-    # docs/pretraining.md: FLatten-PVT-T alone about an hour, both backbones about 3 h
+    # docs/pretraining.md: FLatten-PVT-T alone about an hour, both ~80 min two runs at a time
     python tools/analysis/pretrain_study.py --backbones flatten_pvt_t
     python tools/analysis/pretrain_study.py
     python tools/analysis/pretrain_study.py --quick   # every stage with tiny sizes (minutes)
@@ -52,8 +52,9 @@ def _seg_sizes(sizes):
 #   lr) learns only once the cosine has taken the lr below ~3e-4: over 1000 iterations top-1 is
 #   12.8 / 13.8 / 16.3 / 17.5 % after 250 / 500 / 750 / 1000; over 3000 it is 13.8 % after 750
 #   and 12.2 % after 1500 (lr still 5.5e-4). Hence lr 3e-4 here. A ResNet-18 in the same
-#   pipeline is still at chance after 300 iterations of batch 16. LaViT-T costs 2.3-2.9
-#   CPU-s/iter there (~3x FLatten-PVT-T) and is at chance (11.9 %) after 500 of 1000 iterations;
+#   pipeline is still at chance after 300 iterations of batch 16. LaViT-T cost 2.3-2.9
+#   CPU-s/iter there while its windows were those of a 224 grid (a 64² input padded into them,
+#   5x the MACs); at its own 64 grid 0.68;
 # * Semantic FPN (the learning table's sizes, learning_table.py): from scratch FLatten-PVT-T
 #   leaves the background (mIoU 17.55) after 150 of the 200 iterations (19.3 at the end); from
 #   the 1000-iteration classifier it ends at 18.8;
@@ -61,7 +62,9 @@ def _seg_sizes(sizes):
 # FLatten-PVT-T alone (--backbones flatten_pvt_t): pretraining 2000 iterations (~28 CPU-min),
 # 2 x 3 Semantic FPN runs of 200 iterations (~4.5 CPU-min each; the 3 from scratch are the
 # learning table's) and 2 Mask R-CNN runs of 150 iterations (~18 CPU-min each): ~90 CPU-min,
-# about an hour of wall time with two threads. LaViT-T adds ~2 CPU-hours.
+# about an hour of wall time with two threads. LaViT-T adds ~40 CPU-min (pretraining ~23, six
+# Semantic FPN runs ~4 each, three of them the learning table's). Measured for both backbones:
+# 156 min of single-thread runs, ~80 min of wall time two at a time (docs/pretraining.md).
 FULL = dict(cls_iters=2000, cls_batch=32, cls_lr=3e-4, seg=_seg_sizes(LT_FULL), seeds=(0, 1, 2),
             det_iters=150, det_seeds=(0, ))
 QUICK = dict(cls_iters=2, cls_batch=8, cls_lr=3e-4, seg=_seg_sizes(LT_QUICK), seeds=(0, ),
