@@ -10,7 +10,7 @@ seconds per training iteration and the peak resident memory of the training proc
 (mmeffvit.engine.cost_hook.IterCostHook; the framework alone holds about 1 GiB of it). Curves of
 loss and mIoU vs iteration (tools/analysis/plot_logs.py) go to docs/learning_*.png.
 
-    # the table in docs/ (~2.8 h of one core: see FULL below; two processes with disjoint
+    # the table in docs/ (177 min of one core measured: see FULL below; two processes with disjoint
     # --models and the same --work-dir share the cores, a last call reuses their runs)
     python tools/analysis/learning_table.py
     # a check that every model trains (minutes; writes to work_dirs/learning_quick/ only)
@@ -94,9 +94,9 @@ AUX_LOSS = {'lavit_t'}
 # for the 11 backbones together. From scratch, 80 iterations (at lr 2e-4, 1e-3 or 3e-3) and 240 at
 # lr 1e-3 leave FLatten-PVT-T predicting background only (mIoU 17.55); 200 iterations at the
 # demo's lr 2e-4 take it to 19.3 (evaluations at 50 / 100 / 150 / 200: 17.55, 17.55, 19.51,
-# 19.30). At these sizes one seed of the 11 backbones is ~55 min of one core (training plus ~1 min
-# of start-up and four evaluations per run), the three seeds ~2.8 h of one core: run two
-# processes with disjoint --models (same --work-dir) to use both cores; --iters / --seeds scale it.
+# 19.30). At these sizes the 33 runs took 177 min of one core (measured: ~1 min of start-up and
+# four evaluations per run included), ~1.5 h with two processes with disjoint --models (same
+# --work-dir) on the two cores; --iters / --seeds scale it.
 FULL = dict(iters=200, seeds=(0, 1, 2), evals=4, batch=4, crop=128, warmup=20, lr=2e-4)
 QUICK = dict(iters=2, seeds=(0, ), evals=1, batch=2, crop=64, warmup=1, lr=2e-4)
 
