@@ -170,12 +170,17 @@ def _failing_training(monkeypatch):
     monkeypatch.setattr(study_runs.subprocess, 'run', fail)
 
 
-def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypatch):
+def _run_on_a_base(tmp_path):
+    """A base config, a run's text inheriting it, and its (empty) work dir."""
     base = tmp_path / 'base.py'
     base.write_text('lr = 0.1\n')
-    text = study_runs.config_text(str(base), 0)
     work_dir = tmp_path / 'run'
     work_dir.mkdir()
+    return base, study_runs.config_text(str(base), 0), work_dir
+
+
+def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypatch):
+    _, text, work_dir = _run_on_a_base(tmp_path)
     _finished_run(work_dir, text, metrics=dict(mIoU=1.0), wall_s=5.0)
     _failing_training(monkeypatch)
     reused = study_runs.train(str(work_dir), text, log=lambda *a: None)
@@ -191,11 +196,7 @@ def test_train_reuses_a_finished_run_and_reports_a_failed_one(tmp_path, monkeypa
 
 
 def test_train_retrains_when_an_inherited_config_changed(tmp_path, monkeypatch):
-    base = tmp_path / 'base.py'
-    base.write_text('lr = 0.1\n')
-    text = study_runs.config_text(str(base), 0)
-    work_dir = tmp_path / 'run'
-    work_dir.mkdir()
+    base, text, work_dir = _run_on_a_base(tmp_path)
     _finished_run(work_dir, text, metrics=dict(mIoU=1.0),
                   resolved_sha256=study_runs.resolved_digest(text))
     _failing_training(monkeypatch)
