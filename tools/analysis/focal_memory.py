@@ -84,7 +84,9 @@ def main():
     h, w = (int(v) for v in args.size.lower().split('x'))
     device = torch.device(args.device)
     x = torch.rand(args.batch, 3, h, w, device=device)
-    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+    tool_dir = osp.dirname(osp.abspath(__file__))
+    # this tool's folder (benchmark_ops) and the checkout (mmeffvit, also when not installed)
+    sys.path[:0] = [tool_dir, osp.dirname(osp.dirname(tool_dir))]
     names = {args.ref: 'Swin-T' if args.ref == 'swin' else 'FLatten-Swin SSSS (Swin-T)',
              'focal': f'Focal-{args.arch}'}
     peaks = {}
