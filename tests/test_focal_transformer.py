@@ -352,7 +352,7 @@ def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
     """The training path that gathers keys again in backward (bias with a gradient) against
     autograd through the gather and an explicit softmax, float64; the index repeats keys (ring
     duplicates, the zero token) so that the scatter back into the bank adds."""
-    from mmeffvit.models.backbones.focal_transformer import _GatheredKeysAttention, gather_keys
+    from mmeffvit.models.layers.relative_position import gather_keys, gathered_biased_attention
     gen = torch.Generator().manual_seed(5)
     b, nw, heads, n, d, m = 2, 3, 2, 4, 3, 9
     q = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -364,7 +364,7 @@ def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
     mask = torch.zeros(b * nw, 1, 1, 6, dtype=torch.float64)
     mask[::2, ..., 0] = float('-inf')
     grad = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64)
-    out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, 0.4)
+    out = gathered_biased_attention(q, bank, index, bias, mask, 0.4)
     got = torch.autograd.grad(out, (q, bank, bias), grad)
     k, v = gather_keys(bank, index, heads)
     ref = ((q @ k.transpose(-2, -1)) * 0.4 + bias + mask).softmax(-1) @ v

@@ -16,9 +16,9 @@ from timm.layers import DropPath, Mlp
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
-from ..layers.relative_position import (attention_backward, biased_attention, cache_allowed,
-                                        relative_position_index, resize_bias_table, tables_key,
-                                        window_attention_mask)
+from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
+                                        gathered_biased_attention, relative_position_index,
+                                        resize_bias_table, tables_key, window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -72,46 +72,6 @@ def centre_fit(x, height, width):
             pad = [0, 0] * (x.dim() - dim - 1) + [before, size - cur - before]
             x = F.pad(x, pad)
     return x
-
-
-def gather_keys(bank, index, num_heads):
-    """Keys and values ``(B·nW, h, N, d)`` of every window from the bank ``(B, M, 2, C)``."""
-    b, _, _, c = bank.shape
-    nw, n = index.shape
-    kv = bank.index_select(1, index.reshape(-1)).view(b * nw, n, 2, num_heads, c // num_heads)
-    return tuple(t.transpose(1, 2) for t in kv.unbind(2))
-
-
-class _GatheredKeysAttention(torch.autograd.Function):
-    """Focal attention with a trained bias whose backward gathers the keys again.
-
-    Autograd through :func:`gather_keys` would keep the gathered keys and values of every
-    block for backward: 4-5x the map (each window reads 182-230 keys). This keeps the bank
-    (about the map's size) and the index instead and gathers again in backward, where
-    :func:`attention_backward` recomputes the probabilities as :func:`biased_attention` does;
-    the key gradients are scattered back into the bank (``index_add_``, the backward of the
-    gather).
-    """
-
-    @staticmethod
-    def forward(ctx, q, bank, index, bias, mask, scale):
-        k, v = gather_keys(bank, index, q.shape[1])
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=scale)
-        ctx.save_for_backward(q, bank, index, bias, mask, out)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, bank, index, bias, mask, out = ctx.saved_tensors
-        k, v = gather_keys(bank, index, q.shape[1])
-        grad_q, grad_k, grad_v, grad_bias = attention_backward(
-            q, k, v, bias, mask, out, grad_out, ctx.scale, ctx.needs_input_grad[3])
-        # (B·nW, h, N, d) pair -> the gathered layout (B, nW·N, 2, C)
-        grad_kv = torch.stack((grad_k.transpose(1, 2), grad_v.transpose(1, 2)), 2)
-        grad_bank = bank.new_zeros(bank.shape).index_add_(
-            1, index.reshape(-1), grad_kv.view(bank.shape[0], -1, *bank.shape[2:]))
-        return grad_q, grad_bank, None, grad_bias, None, None
 
 
 class FocalAttention(nn.Module):
@@ -247,7 +207,7 @@ class FocalAttention(nn.Module):
             mask = window_attention_mask(key_mask[:, None, None].to(q.dtype), b)
             bias = self.key_bias()[None].to(q.dtype)
             if q.device.type == 'cpu' and not drop:
-                out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, self.scale)
+                out = gathered_biased_attention(q, bank, index, bias, mask, self.scale)
             else:
                 out = biased_attention(q, *gather_keys(bank, index, h), bias, mask, self.scale,
                                        drop)

@@ -3,7 +3,9 @@
 The index of every (query, key) pair of a window into a learned table of relative offsets,
 the additive mask of shifted windows, the bicubic resize of a table to another window, and
 Swin's window multi-head self-attention that uses them (FLatten-Swin's ``'S'`` stages,
-L²ViT's local windows without the bias, the Focal Transformer's window table).
+L²ViT's local windows without the bias, the Focal Transformer's window table); and attention
+with a trained bias whose backward recomputes the probabilities (:func:`biased_attention`, and
+:func:`gathered_biased_attention` for keys gathered from a bank, as the Focal Transformer's).
 """
 import functools
 
@@ -149,6 +151,52 @@ def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True
     grad_k = torch.bmm(grad_s.transpose(1, 2), q3).mul_(scale)
     grad_bias = _sum_to(grad_s.view(full), bias.shape) if bias_grad else None
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape), grad_bias
+
+
+def gather_keys(bank, index, num_heads):
+    """Keys and values ``(B·nW, h, N, d)`` of every window from the bank ``(B, M, 2, C)``."""
+    b, _, _, c = bank.shape
+    nw, n = index.shape
+    kv = bank.index_select(1, index.reshape(-1)).view(b * nw, n, 2, num_heads, c // num_heads)
+    return tuple(t.transpose(1, 2) for t in kv.unbind(2))
+
+
+class _GatheredKeysAttention(torch.autograd.Function):
+    """Attention with a trained bias over keys gathered from a bank, gathered again in backward.
+
+    Autograd through :func:`gather_keys` would keep the gathered keys and values of every
+    block for backward: for the Focal Transformer 4-5x the map (each window reads 182-230
+    keys). This keeps the bank (about the map's size) and the index instead and gathers again
+    in backward, where :func:`attention_backward` recomputes the probabilities as
+    :func:`biased_attention` does; the key gradients are scattered back into the bank
+    (``index_add_``, the backward of the gather).
+    """
+
+    @staticmethod
+    def forward(ctx, q, bank, index, bias, mask, scale):
+        k, v = gather_keys(bank, index, q.shape[1])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=scale)
+        ctx.save_for_backward(q, bank, index, bias, mask, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, bank, index, bias, mask, out = ctx.saved_tensors
+        k, v = gather_keys(bank, index, q.shape[1])
+        grad_q, grad_k, grad_v, grad_bias = attention_backward(
+            q, k, v, bias, mask, out, grad_out, ctx.scale, ctx.needs_input_grad[3])
+        # (B·nW, h, N, d) pair -> the gathered layout (B, nW·N, 2, C)
+        grad_kv = torch.stack((grad_k.transpose(1, 2), grad_v.transpose(1, 2)), 2)
+        grad_bank = bank.new_zeros(bank.shape).index_add_(
+            1, index.reshape(-1), grad_kv.view(bank.shape[0], -1, *bank.shape[2:]))
+        return grad_q, grad_bank, None, grad_bias, None, None
+
+
+def gathered_biased_attention(q, bank, index, bias, mask, scale):
+    """``softmax(q·kᵀ·scale + bias + mask)·v`` with ``k, v = gather_keys(bank, index, h)``,
+    keeping only the bank for backward (CPU, no dropout; :class:`_GatheredKeysAttention`)."""
+    return _GatheredKeysAttention.apply(q, bank, index, bias, mask, scale)
 
 
 def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
