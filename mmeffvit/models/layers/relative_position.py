@@ -90,6 +90,13 @@ def _sum_to(grad, shape):
     return grad.sum(dims, keepdim=True) if dims else grad
 
 
+def _sdpa_with_terms(q, k, v, bias, mask, scale, dropout_p=0.):
+    """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask`` (either None)."""
+    full = mask if bias is None else (bias if mask is None else bias + mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
+                                          scale=scale)
+
+
 class _RecomputedBiasAttention(torch.autograd.Function):
     """``softmax(q·kᵀ·scale + bias + mask)·v`` whose backward recomputes the probabilities.
 
@@ -103,8 +110,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale):
-        full = bias if mask is None else bias + mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+        out = _sdpa_with_terms(q, k, v, bias, mask, scale)
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale = scale
         return out
@@ -175,7 +181,7 @@ class _GatheredKeysAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, bank, index, bias, mask, scale):
         k, v = gather_keys(bank, index, q.shape[1])
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=scale)
+        out = _sdpa_with_terms(q, k, v, bias, mask, scale)
         ctx.save_for_backward(q, bank, index, bias, mask, out)
         ctx.scale = scale
         return out
@@ -212,9 +218,7 @@ def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
         if scale is None:
             scale = q.shape[-1] ** -0.5
         return _RecomputedBiasAttention.apply(q, k, v, bias, mask, scale)
-    full = mask if bias is None else (bias if mask is None else bias + mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
-                                          scale=scale)
+    return _sdpa_with_terms(q, k, v, bias, mask, scale, dropout_p)
 
 
 def cache_allowed(*tables):
