@@ -72,6 +72,7 @@ def test_upernet_syncbn(ade, tmp_path):
 
 CRASH_MODULE = '''
 import os
+import time
 
 import torch
 from mmengine.hooks import Hook
@@ -110,6 +111,8 @@ class FailOnRankHook(Hook):
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         if runner.iter == 1 and os.environ['RANK'] == os.environ['FAILING_RANK']:
             raise RuntimeError('rank ' + os.environ['RANK'] + ' fails on purpose')
+        if runner.iter == 1:  # the other rank: busy (e.g. loading data) when its peer fails
+            time.sleep(float(os.environ['OTHER_RANK_SLEEP']))
 '''
 
 CRASH_CONFIG = '''
@@ -139,12 +142,16 @@ def _processes_mentioning(marker):
     return found
 
 
-@pytest.mark.parametrize('failing_rank', ['1'])
-def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, monkeypatch, failing_rank):
+@pytest.mark.parametrize('failing_rank,other_rank_sleep', [('1', '0'), ('1', '20')])
+def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, monkeypatch, failing_rank,
+                                                    other_rank_sleep):
+    """The other rank either sees its peer gone in the next collective or is ended by torchrun
+    first (0.1 s after the failure; forced by sleeping 20 s): it says why in both cases."""
     (tmp_path / 'crash_toy.py').write_text(textwrap.dedent(CRASH_MODULE))
     config = tmp_path / 'crash_cfg.py'
     config.write_text(textwrap.dedent(CRASH_CONFIG))
     monkeypatch.setenv('FAILING_RANK', failing_rank)
+    monkeypatch.setenv('OTHER_RANK_SLEEP', other_rank_sleep)
     rc, out = dist_train(str(config), 2, '--work-dir', str(tmp_path / 'work'),
                          extra_path=str(tmp_path))
     assert rc != 0, out[-4000:]
@@ -154,6 +161,10 @@ def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, monkeypatch, faili
     assert f'rank      : {failing_rank}' in root_cause
     assert f'RuntimeError: rank {failing_rank} fails on purpose' in root_cause
     # the other rank says why it stopped, in one line
-    assert 'stopped: another process of this distributed run failed' in out
+    other = 1 - int(failing_rank)
+    stopped = [line for line in out.splitlines() if line.startswith(f'[rank {other}] stopped: ')]
+    assert len(stopped) == 1 and 'another process of this distributed run failed' in stopped[0]
+    if other_rank_sleep != '0':
+        assert '(SIGTERM)' in stopped[0]
     assert 'Iter(train) [3/9]' not in out
     assert _processes_mentioning(str(tmp_path)) == []

@@ -9,6 +9,7 @@ shows the rank that failed first and its message, not "error_file: <N/A>".
 import json
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -104,6 +105,21 @@ def _record_for_torchrun(message: str, callstack: str, delay: int = 0) -> None:
         pass
 
 
+class LauncherStopped(BaseException):
+    """torchrun ended this process (SIGTERM): a peer failed or the run was cancelled.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except Exception`` swallows it.
+    """
+
+
+def _stop_on_sigterm(signum, frame):
+    raise LauncherStopped()
+
+
+def _under_torchrun() -> bool:
+    return 'TORCHELASTIC_RUN_ID' in os.environ and int(os.environ.get('WORLD_SIZE', '1')) > 1
+
+
 def debug_requested(argv=None) -> bool:
     argv = sys.argv[1:] if argv is None else argv
     return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
@@ -111,8 +127,19 @@ def debug_requested(argv=None) -> bool:
 
 def run_cli(main: Callable, argv=None):
     """Run ``main(argv)``; report a user's error in one message and exit with status 1."""
+    if _under_torchrun():
+        # torchrun SIGTERMs the other ranks 0.1 s after one fails, often before their next
+        # collective notices the peer is gone: without a handler they die without a word
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return main(argv)
+    except LauncherStopped:
+        message = ('stopped: the launcher ended this process (SIGTERM) because another process '
+                   'of this distributed run failed (its error is reported above and in the '
+                   'summary below) or the run was cancelled')
+        _record_for_torchrun(message, message, delay=1)
+        print(f'{_rank_prefix()}{message}', file=sys.stderr, flush=True)
+        sys.exit(1)
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: B902 - reported below, re-raised when not a user error
