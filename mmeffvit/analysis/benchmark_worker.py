@@ -17,6 +17,7 @@ Memory:
   a measure of its own only when the child ran this one job (``--isolate measurement``).
 """
 import contextlib
+import math
 import os
 import resource
 import statistics
@@ -366,7 +367,7 @@ COPY_OPS = ('aten::copy_', 'aten::contiguous', 'aten::clone', 'aten::cat', 'aten
             'aten::masked_fill', 'aten::masked_fill_', 'aten::where')
 #: leaf GEMM kernels and the positions of their two matrix operands
 GEMM_OPERANDS = {'aten::mm': (0, 1), 'aten::addmm': (1, 2), 'aten::bmm': (0, 1),
-                 'aten::baddbmm': (1, 2)}
+                 'aten::baddbmm': (1, 2), 'mkldnn::_linear_pointwise': (0, 1)}
 
 
 def _gemm_macs(name, shapes):
@@ -374,6 +375,8 @@ def _gemm_macs(name, shapes):
     i, j = GEMM_OPERANDS[name]
     try:
         a, b = shapes[i], shapes[j]
+        if name == 'mkldnn::_linear_pointwise':  # x (..., K) times weight (O, K)ᵀ
+            return math.prod(a) * b[0]
         batch = a[0] if len(a) == 3 else 1
         return batch * a[-2] * a[-1] * b[-1]
     except (IndexError, TypeError):

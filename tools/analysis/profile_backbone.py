@@ -114,7 +114,8 @@ def render_case(name, modes, top):
         lines += [
             '', f'- host syncs: {syncs}',
             f'- copies and rearrangements, {_pct(copies, total)} in all: {copy_text or "none"}',
-            f"- GEMM kernels (`mm`/`addmm`/`bmm`/`baddbmm`): {g['calls']} calls, "
+            f"- GEMM kernels (`mm`/`addmm`/`bmm`/`baddbmm`/`mkldnn::_linear_pointwise`): "
+            f"{g['calls']} calls, "
             f"{_pct(g['us'], total)} of the time, {g['macs'] / 1e9:.1f} GMACs at "
             f"{rate:.0f} GMAC/s inside them; median {g['median_macs'] / 1e6:.2f} MMACs per "
             f"call, {g['small_calls']} calls under 1 MMAC"]

@@ -3,11 +3,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
+from ..layers.mlp import Mlp
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 

@@ -3,12 +3,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
-from timm.layers import DropPath, LayerNorm2d, Mlp, PatchEmbed
+from timm.layers import DropPath, LayerNorm2d, PatchEmbed
 
 from ...registry import register_model
 from ... import ops
 from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
+from ..layers.mlp import Mlp
 from .base import EffBackbone, resolve_arch
 
 _CLS_MODES = ('full', 'query')

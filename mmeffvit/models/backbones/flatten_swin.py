@@ -4,13 +4,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.model.weight_init import trunc_normal_
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from ...registry import register_model
 from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.relative_position import cached_shifted_window_mask
 from ..layers.window import pad_to_windows, window_order, window_order_inverse
+from ..layers.mlp import Mlp
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
@@ -20,6 +20,7 @@ from ..layers.relative_position import (biased_attention, cache_allowed, gather_
                                         gathered_biased_attention, relative_position_index,
                                         resize_bias_table, tables_key, window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
+from ..layers.mlp import Mlp
 from .base import EffBackbone, resolve_arch
 
 #: additive logit of the official code for pooled keys read outside the pooled map

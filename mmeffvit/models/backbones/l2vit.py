@@ -2,13 +2,14 @@
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
 from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.window import pad_to_windows, window_partition, window_reverse
+from ..layers.mlp import Mlp
 from .base import EffBackbone, resolve_arch
 
 

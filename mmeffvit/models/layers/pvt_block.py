@@ -1,9 +1,10 @@
 """The PVT block with FLatten's attention choice (PVT v1 / v2 layouts; FLatten, ICCV 2023)."""
 import torch.nn as nn
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
+from .mlp import Mlp
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 

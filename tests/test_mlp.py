@@ -1,0 +1,74 @@
+"""``models/layers/mlp.py``: timm's MLP whose fc1 + GELU run as one oneDNN kernel in inference."""
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import Mlp as TimmMlp
+from torch.profiler import profile
+
+from mmeffvit.models.layers import Mlp
+from mmeffvit.models.layers import mlp as mlp_module
+
+
+def _ops(fn):
+    with profile() as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def _pair(dims=48, hidden=192):
+    torch.manual_seed(0)
+    ours = Mlp(dims, hidden)
+    reference = TimmMlp(dims, hidden)
+    reference.load_state_dict(ours.state_dict())
+    return ours, reference
+
+
+@pytest.mark.skipif(not mlp_module._FUSED_LINEAR_GELU, reason='torch without oneDNN linear')
+@pytest.mark.parametrize('shape', [(2, 37, 48), (3, 5, 7, 48), (11, 48)])
+def test_inference_uses_the_fused_kernel_and_matches_eager(shape):
+    ours, reference = _pair()
+    ours.eval(), reference.eval()
+    x = torch.randn(*shape) * 3  # wide enough to reach GELU's tails
+    x = x.transpose(0, -2).contiguous().transpose(0, -2) if x.dim() == 3 else x  # strided too
+    with torch.no_grad():
+        assert 'mkldnn::_linear_pointwise' in _ops(lambda: ours(x))
+        out, expected = ours(x), reference(x)
+    explicit = F.linear(F.gelu(F.linear(x, ours.fc1.weight, ours.fc1.bias)), ours.fc2.weight,
+                        ours.fc2.bias)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, explicit, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('case', ['train', 'grad', 'tanh', 'float64', 'autocast'])
+def test_eager_path_where_the_kernel_does_not_apply(case):
+    ours, reference = _pair()
+    ours.train(case == 'train'), reference.train(case == 'train')
+    x = torch.randn(2, 9, 48, requires_grad=case == 'grad')
+    if case == 'tanh':
+        ours.act = reference.act = torch.nn.GELU(approximate='tanh')
+    if case == 'float64':
+        ours.double(), reference.double()
+        x = x.double()
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=case == 'autocast'):
+        with torch.set_grad_enabled(case in ('train', 'grad')):
+            assert 'mkldnn::_linear_pointwise' not in _ops(lambda: ours(x))
+            out, expected = ours(x), reference(x)
+    torch.testing.assert_close(out, expected)
+    if case in ('train', 'grad'):
+        out.sum().backward()
+        assert ours.fc1.weight.grad is not None and ours.fc1.weight.grad.abs().sum() > 0
+
+
+def test_same_parameters_as_timm():
+    ours, reference = _pair()
+    assert list(ours.state_dict()) == list(reference.state_dict())
+
+
+def test_flop_counter_sees_the_plain_operators():
+    from torch.utils.flop_counter import FlopCounterMode
+    ours, _ = _pair()
+    ours.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        ours(torch.randn(5, 48))
+    assert counter.get_total_flops() == 2 * 5 * 48 * 192 * 2
