@@ -372,3 +372,37 @@ def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
     torch.testing.assert_close(out, ref)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_gather_keys_matches_indexing_and_reuses_one_buffer():
+    from mmeffvit.models.layers.relative_position import gather_keys, reused_gather_buffer
+    gen = torch.Generator().manual_seed(3)
+    b, m, heads, d = 2, 11, 3, 4
+    bank = torch.randn(b, m, 2, heads * d, generator=gen)
+    index = torch.randint(0, m, (5, 7), generator=gen)
+
+    def expected(idx):  # plain indexing, image by image
+        kv = torch.stack([bank[i, idx.reshape(-1)] for i in range(b)])  # (b, nW·N, 2, C)
+        kv = kv.view(b * idx.shape[0], idx.shape[1], 2, heads, d)
+        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    with reused_gather_buffer():
+        first = gather_keys(bank, index, heads)
+        for got, want in zip(first, expected(index)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        second = gather_keys(bank, index[:3, :5], heads)  # a later, smaller block
+        for got, want in zip(second, expected(index[:3, :5])):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert storage(second[0]) == storage(first[0])
+        # autograd through the bank: a tensor of its own, and the gradient arrives
+        trained = bank.clone().requires_grad_()
+        k, v = gather_keys(trained, index, heads)
+        assert storage(k) != storage(first[0])
+        (k.sum() + 2 * v.sum()).backward()
+        counts = torch.bincount(index.reshape(-1), minlength=m).float()
+        torch.testing.assert_close(trained.grad[:, :, 0], counts[None, :, None].expand(b, m, 12))
+    outside = gather_keys(bank, index, heads)
+    assert storage(outside[0]) != storage(first[0])

@@ -18,7 +18,8 @@ from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
                                         gathered_biased_attention, relative_position_index,
-                                        resize_bias_table, tables_key, window_attention_mask)
+                                        resize_bias_table, reused_gather_buffer, tables_key,
+                                        window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from ..layers.mlp import Mlp
 from .base import EffBackbone, resolve_arch
@@ -580,6 +581,10 @@ class FocalTransformer(EffBackbone):
         return rows * (value.shape[1] / target.shape[1])
 
     def forward(self, x):
+        with reused_gather_buffer():  # every block's gathered keys in one buffer
+            return self._forward(x)
+
+    def _forward(self, x):
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []
