@@ -22,6 +22,7 @@ from mmeffvit.engine.launch import (  # noqa: E402
     ConfigError, add_common_args, apply_test_args, build_runner, finish_args, load_config,
     finish_distributed, setup_cpu_distributed, check_inputs)
 from mmeffvit.engine.errors import run_cli  # noqa: E402
+from mmeffvit.utils.allocator import retain_freed_memory  # noqa: E402
 from mmeffvit.utils.checkpoint import (add_trust_argument,  # noqa: E402
                                        apply_trust_argument)
 
@@ -72,4 +73,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
+    retain_freed_memory()  # glibc keeps freed blocks for reuse (MMEFFVIT_MALLOC)
     run_cli(main)

@@ -132,7 +132,11 @@ def _method_lines(data):
         '*Inference*: eval mode, `torch.no_grad()`. *Training step*: train mode, forward, sum of '
         'all outputs (plus the auxiliary losses a backbone computes in training, LaViT\'s L_DP), '
         'backward; no optimiser. Backbones are built with their detection-config arguments '
-        '(drop path included), random weights.', '',
+        '(drop path included), random weights. Memory allocator: as the tools use it '
+        '(`mmeffvit/utils/allocator.py`): children that only run inference keep freed memory '
+        'for reuse (glibc `mallopt`, as `tools/test.py`), training children keep glibc\'s '
+        f"defaults (as `tools/train.py`); `MMEFFVIT_MALLOC` was "
+        f"{opts.get('malloc_env') or 'unset'}.", '',
         '*alloc peak*: the most memory torch\'s allocator held during one step, weights and input '
         'included (CPU: profiler memory events of the first warm-up step; CUDA: '
         '`max_memory_allocated`); BLAS/oneDNN scratch buffers are not torch allocations. '

@@ -29,6 +29,8 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
+from ..utils.allocator import retain_freed_memory
+
 
 def _set_threads(threads):
     if threads:
@@ -518,6 +520,10 @@ def run_jobs(conn, jobs, opts):
     warnings.simplefilter('ignore', UserWarning)
     warnings.simplefilter('ignore', DeprecationWarning)
     _set_threads(opts.get('threads'))
+    # what the tools do (mmeffvit.utils.allocator): inference retains freed memory, training
+    # only with MMEFFVIT_MALLOC=retain; a child that also trains keeps glibc's defaults
+    inference_only = all(job.get('mode') in ('infer', 'test') for job in jobs)
+    retain_freed_memory(default=inference_only)
     results = []
     for job in jobs:
         try:
