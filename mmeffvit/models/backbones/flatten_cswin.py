@@ -8,7 +8,7 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
-from ..layers.mlp import Mlp
+from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -194,7 +194,7 @@ class FLattenCSWinBlock(nn.Module):
                  drop_rate=0., attn_drop_rate=0., drop_path=0.):
         super().__init__()
         self.norm1 = LayerNormFP32(embed_dims)
-        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.qkv = Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         if attn_type == 'L':
             attns = [LePEFocusedLinearAttention(embed_dims, num_heads, pe_size, focusing_factor,
                                                 kernel_size)]
@@ -210,7 +210,7 @@ class FLattenCSWinBlock(nn.Module):
             raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.attns = nn.ModuleList(attns)
         # the official block builds a proj_drop but never applies it; drop_rate acts in the MLP
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj = Linear(embed_dims, embed_dims)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = LayerNormFP32(embed_dims)
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)

@@ -9,7 +9,7 @@ from ...registry import register_model
 from ... import ops
 from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
-from ..layers.mlp import Mlp
+from ..layers.linear import Mlp
 from .base import EffBackbone, resolve_arch
 
 _CLS_MODES = ('full', 'query')

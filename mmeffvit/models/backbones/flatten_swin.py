@@ -11,7 +11,7 @@ from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.relative_position import cached_shifted_window_mask
 from ..layers.window import pad_to_windows, window_order, window_order_inverse
-from ..layers.mlp import Mlp
+from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -97,7 +97,7 @@ class PatchMerging(nn.Module):
     def __init__(self, embed_dims):
         super().__init__()
         self.norm = LayerNormFP32(4 * embed_dims)
-        self.reduction = nn.Linear(4 * embed_dims, 2 * embed_dims, bias=False)
+        self.reduction = Linear(4 * embed_dims, 2 * embed_dims, bias=False)
 
     def forward(self, x, hw_shape):
         b, _, c = x.shape

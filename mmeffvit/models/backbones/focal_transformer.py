@@ -21,7 +21,7 @@ from ..layers.relative_position import (biased_attention, cache_allowed, gather_
                                         resize_bias_table, reused_gather_buffer, tables_key,
                                         window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
-from ..layers.mlp import Mlp
+from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, resolve_arch
 
 #: additive logit of the official code for pooled keys read outside the pooled map
@@ -134,9 +134,9 @@ class FocalAttention(nn.Module):
                 mask = torch.zeros(size, size)
                 mask[2 ** k - 1:, 2 ** k - 1:] = 1
                 self.register_buffer(f'valid_ind_unfold_{k}', mask.flatten().nonzero().view(-1))
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self._bias_cache = {}  # run-time cache of key_bias() in eval (not state)
 

@@ -9,7 +9,7 @@ from ...utils import map_to_tokens, tokens_to_map
 from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.window import pad_to_windows, window_partition, window_reverse
-from ..layers.mlp import Mlp
+from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, resolve_arch
 
 
@@ -37,8 +37,8 @@ class LinearAttention(nn.Module):
         self.num_heads = num_heads
         self.min_denominator = min_denominator
         self.temperature = nn.Parameter(torch.full((num_heads, 1, 1), (dims // num_heads)**-0.5))
-        self.qkv = nn.Linear(dims, dims * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dims, dims)
+        self.qkv = Linear(dims, dims * 3, bias=qkv_bias)
+        self.proj = Linear(dims, dims)
 
     def forward(self, x):
         b, n, c = x.shape

@@ -3,7 +3,7 @@ from .clamped_linear_attention import clamped_linear_attention
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
 from .less_attention import LessAttention, VanillaAttention
-from .mlp import Mlp
+from .linear import Linear, Mlp
 from .norm import LayerNormFP32
 from .patch_embed import PatchEmbed
 from .pvt_block import FLattenPVTBlock
@@ -17,4 +17,4 @@ __all__ = [
     'VanillaAttention', 'WindowMSA', 'clamped_linear_attention', 'pad_to_multiple',
     'pad_to_windows', 'window_partition', 'window_reverse'
 ]
-__all__ += ['DepthwiseConv2d', 'Mlp']
+__all__ += ['DepthwiseConv2d', 'Linear', 'Mlp']

@@ -7,6 +7,7 @@ from mmengine.model import BaseModule
 from ... import ops
 from ...utils import TokenGridResizeCache
 from .depthwise_conv import DepthwiseConv2d
+from .linear import Linear
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -107,13 +108,13 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         self.pe_interpolation = pe_interpolation
 
         if qkv_layout == 'qkv':
-            self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+            self.qkv = Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         elif qkv_layout == 'q_kv':
-            self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-            self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+            self.q = Linear(embed_dims, embed_dims, bias=qkv_bias)
+            self.kv = Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         self.build_spatial_reduction(embed_dims, sr_ratio)
         if qkv_layout is not None:
-            self.proj = nn.Linear(embed_dims, embed_dims)
+            self.proj = Linear(embed_dims, embed_dims)
             self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = DepthwiseConv2d(self.head_dims, kernel_size)
         # zero init: softplus(0) = ln 2, and an all-zero positional encoding (official init)

@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .linear import Linear
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -60,10 +61,10 @@ class VanillaAttention(_ScoreAttention):
                  proj_drop=0.):
         super().__init__(embed_dims, num_heads, sr_ratio)
         self.scale = (embed_dims // num_heads) ** -0.5
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.q = Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj = Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw_shape, residual=None, key_mask=None, need_scores=True):
@@ -135,11 +136,11 @@ class LessAttention(_ScoreAttention):
         super().__init__(embed_dims, num_heads, sr_ratio)
         self.num_queries, self.num_keys = num_queries, num_keys
         self.identity_init = identity_init
-        self.theta = nn.Linear(num_keys, num_keys, bias=theta_bias)
-        self.psi = nn.Linear(num_queries, num_queries, bias=psi_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.theta = Linear(num_keys, num_keys, bias=theta_bias)
+        self.psi = Linear(num_queries, num_queries, bias=psi_bias)
+        self.v = Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj = Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
         self.reset_transforms()
 

@@ -4,7 +4,7 @@ from timm.layers import DropPath
 
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
-from .mlp import Mlp
+from .linear import Linear, Mlp
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 
@@ -30,10 +30,10 @@ class ConvMlp(nn.Module):
 
     def __init__(self, in_features, hidden_features, drop=0.):
         super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.fc1 = Linear(in_features, hidden_features)
         self.dwconv = DWConv(hidden_features)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.fc2 = Linear(hidden_features, in_features)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw_shape):

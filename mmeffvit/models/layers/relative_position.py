@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...utils import square_side
+from .linear import Linear
 
 
 #: additive logit given to key/query pairs of one shifted window that come from different
@@ -315,9 +316,9 @@ class WindowMSA(nn.Module):
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * window_size - 1) ** 2, num_heads))
             self.register_buffer('relative_position_index', relative_position_index(window_size))
-        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.qkv = Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj = Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
         # run-time caches (not state): bias index per smaller window; in eval the finished
         # additive mask per (window, shift mask, dtype, images, table version)

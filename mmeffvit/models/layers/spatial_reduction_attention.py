@@ -4,6 +4,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ...utils import map_to_tokens, tokens_to_map
+from .linear import Linear
 from .norm import LayerNormFP32
 
 
@@ -56,10 +57,10 @@ class SpatialReductionAttention(SpatialReductionMixin, BaseModule):
             raise ValueError(f'embed_dims {embed_dims} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
         self.attn_drop = attn_drop
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.q = Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         self.build_spatial_reduction(embed_dims, sr_ratio)
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj = Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw_shape):

@@ -1,12 +1,13 @@
-"""``models/layers/mlp.py``: timm's MLP whose fc1 + GELU run as one oneDNN kernel in inference."""
+"""``models/layers/linear.py``: ``Linear`` and timm's ``Mlp`` with oneDNN's fused kernels in CPU
+inference, torch's path everywhere else."""
 import pytest
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp as TimmMlp
 from torch.profiler import profile
 
-from mmeffvit.models.layers import Mlp
-from mmeffvit.models.layers import mlp as mlp_module
+from mmeffvit.models.layers import Linear, Mlp
+from mmeffvit.models.layers import linear as linear_module
 
 
 def _ops(fn):
@@ -23,7 +24,11 @@ def _pair(dims=48, hidden=192):
     return ours, reference
 
 
-@pytest.mark.skipif(not mlp_module._FUSED_LINEAR_GELU, reason='torch without oneDNN linear')
+needs_onednn = pytest.mark.skipif(not linear_module._ONEDNN_LINEAR,
+                                  reason='torch without oneDNN linear')
+
+
+@needs_onednn
 @pytest.mark.parametrize('shape', [(2, 37, 48), (3, 5, 7, 48), (11, 48)])
 def test_inference_uses_the_fused_kernel_and_matches_eager(shape):
     ours, reference = _pair()
@@ -31,7 +36,8 @@ def test_inference_uses_the_fused_kernel_and_matches_eager(shape):
     x = torch.randn(*shape) * 3  # wide enough to reach GELU's tails
     x = x.transpose(0, -2).contiguous().transpose(0, -2) if x.dim() == 3 else x  # strided too
     with torch.no_grad():
-        assert 'mkldnn::_linear_pointwise' in _ops(lambda: ours(x))
+        ops = _ops(lambda: ours(x))
+        assert 'mkldnn::_linear_pointwise' in ops and 'aten::addmm' not in ops
         out, expected = ours(x), reference(x)
     explicit = F.linear(F.gelu(F.linear(x, ours.fc1.weight, ours.fc1.bias)), ours.fc2.weight,
                         ours.fc2.bias)
@@ -72,3 +78,33 @@ def test_flop_counter_sees_the_plain_operators():
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         ours(torch.randn(5, 48))
     assert counter.get_total_flops() == 2 * 5 * 48 * 192 * 2
+
+
+@needs_onednn
+@pytest.mark.parametrize('bias', [True, False])
+def test_linear_inference_fused_and_training_plain(bias):
+    torch.manual_seed(1)
+    ours = Linear(40, 24, bias=bias)
+    torch.manual_seed(1)
+    plain = torch.nn.Linear(40, 24, bias=bias)  # the same initialisation
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                 plain.state_dict().values()))
+    x = torch.randn(3, 17, 40)[:, ::2]  # strided
+    with torch.no_grad():
+        ops = _ops(lambda: ours(x))
+        assert 'mkldnn::_linear_pointwise' in ops and 'aten::addmm' not in ops
+        torch.testing.assert_close(ours(x), x @ plain.weight.T + (plain.bias if bias else 0))
+    out = ours(x.requires_grad_())  # autograd: torch's own operator, gradients arrive
+    assert 'mkldnn::_linear_pointwise' not in _ops(lambda: ours(x))
+    out.sum().backward()
+    assert ours.weight.grad is not None
+
+
+def test_hooked_submodules_keep_their_hooks():
+    ours, _ = _pair()
+    ours.eval()
+    seen = []
+    ours.fc2.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        ours(torch.randn(4, 48))
+    assert seen == [torch.Size([4, 48])]
