@@ -50,7 +50,7 @@ def test_second_step_reuses_memory_instead_of_faulting_in_pages():
     assert applied and not system
     pages = 6 * (64 << 20) // 4096
     assert system_faults > pages // 2  # every 64 MiB block faulted in again
-    assert faults < pages // 20
+    assert faults < pages // 4  # at most a block or two of new heap
 
 
 def test_bad_env_value_is_an_error(monkeypatch):
