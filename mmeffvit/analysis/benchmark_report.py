@@ -332,6 +332,19 @@ def render_markdown(data, plot_files=()):
     return '\n'.join(lines) + '\n'
 
 
+def _merged_ticks(pixels, labels, ratio=1.15):
+    """``(position, label)`` x ticks in pixel order; sizes within ``ratio`` of each other
+    (1024² and 800×1333 differ by 2 %) share one tick with their labels stacked."""
+    groups = []
+    for p, label in sorted(zip(pixels, labels)):
+        if groups and p <= groups[-1][0][-1] * ratio:
+            groups[-1][0].append(p)
+            groups[-1][1].append(label)
+        else:
+            groups.append(([p], [label]))
+    return [(math.prod(ps) ** (1 / len(ps)), '\n'.join(ls)) for ps, ls in groups]
+
+
 def plot_sweep(data, plot_dir, rel_to):
     """``latency.png`` and ``memory.png`` in ``plot_dir``; returns paths relative to ``rel_to``."""
     import matplotlib
@@ -363,7 +376,7 @@ def plot_sweep(data, plot_dir, rel_to):
             for c in data['cases']:
                 pts = [(p, stats.get((c['name'], s, mode), {}).get(field))
                        for p, s in zip(mpix, shapes)]
-                pts = [(p, v / scale) for p, v in pts if v]
+                pts = sorted((p, v / scale) for p, v in pts if v)  # in pixel order
                 if not pts:
                     continue
                 b = fits[c['name']][fit_key]
@@ -373,8 +386,9 @@ def plot_sweep(data, plot_dir, rel_to):
                         label=f"{c['name']} (b={b:.2f})" if math.isfinite(b) else c['name'])
             ax.set_xscale('log')
             ax.set_yscale('log')
-            ax.set_xticks(mpix)
-            ax.set_xticklabels([shape_label(s) for s in shapes])
+            ticks = _merged_ticks(mpix, [shape_label(s) for s in shapes])
+            ax.set_xticks([t for t, _ in ticks])
+            ax.set_xticklabels([label for _, label in ticks])
             ax.minorticks_off()
             ax.set_xlabel('input (log pixels)')
             ax.set_ylabel(f'{unit} (log)')
