@@ -112,6 +112,12 @@ class LauncherStopped(BaseException):
     """
 
 
+def _say_stopped_by_peer(message: str) -> None:
+    """One line on this rank; torchrun's record time-stamped after the failing rank's."""
+    _record_for_torchrun(message, message, delay=1)
+    print(f'{_rank_prefix()}{message}', file=sys.stderr, flush=True)
+
+
 def _stop_on_sigterm(signum, frame):
     raise LauncherStopped()
 
@@ -137,8 +143,7 @@ def run_cli(main: Callable, argv=None):
         message = ('stopped: the launcher ended this process (SIGTERM) because another process '
                    'of this distributed run failed (its error is reported above and in the '
                    'summary below) or the run was cancelled')
-        _record_for_torchrun(message, message, delay=1)
-        print(f'{_rank_prefix()}{message}', file=sys.stderr, flush=True)
+        _say_stopped_by_peer(message)
         sys.exit(1)
     except (SystemExit, KeyboardInterrupt):
         raise
@@ -146,10 +151,10 @@ def run_cli(main: Callable, argv=None):
         if _peer_failure(err):
             message = ('stopped: another process of this distributed run failed (its error is '
                        f'reported above and in the summary below); here: {err}')
-            _record_for_torchrun(message, message, delay=1)
             if not debug_requested(argv):
-                print(f'{_rank_prefix()}{message}', file=sys.stderr, flush=True)
+                _say_stopped_by_peer(message)
                 sys.exit(1)
+            _record_for_torchrun(message, message, delay=1)
             raise
         message = user_error_message(err)
         if message is None or debug_requested(argv):

@@ -9,9 +9,9 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
+from ..layers.linear import Linear, Mlp
 from ..layers.relative_position import cached_shifted_window_mask
 from ..layers.window import pad_to_windows, window_order, window_order_inverse
-from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 

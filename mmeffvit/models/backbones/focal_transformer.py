@@ -16,12 +16,12 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
+from ..layers.linear import Linear, Mlp
 from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
                                         gathered_biased_attention, relative_position_index,
                                         resize_bias_table, reused_gather_buffer, tables_key,
                                         window_attention_mask)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
-from ..layers.linear import Linear, Mlp
 from .base import EffBackbone, resolve_arch
 
 #: additive logit of the official code for pooled keys read outside the pooled map

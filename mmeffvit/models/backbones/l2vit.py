@@ -6,10 +6,10 @@ from timm.layers import DropPath
 
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
-from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
-from ..layers.window import pad_to_windows, window_partition, window_reverse
+from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers.linear import Linear, Mlp
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
 

@@ -13,8 +13,8 @@ from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample
 from ..layers.less_attention import LessAttention, VanillaAttention
-from ..layers.window import pad_to_windows, window_partition, window_reverse
 from ..layers.linear import Mlp
+from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
 _PVT = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
