@@ -47,6 +47,17 @@ def test_fit_exponent_undefined_cases():
     assert report.fit_exponent([100, 400, 1600], [1.0, 4.0, 0.0]) == pytest.approx(1.0)
 
 
+def test_close_sizes_share_one_tick():
+    # the default sweep: 1024² (1.049 Mpx) and 800×1333 (1.066 Mpx) would print on each other
+    ticks = report._merged_ticks([0.262, 1.066, 1.049, 2.359], ['512²', '800×1333', '1024²',
+                                                                '1536²'])
+    assert [label for _, label in ticks] == ['512²', '1024²\n800×1333', '1536²']
+    assert ticks[1][0] == pytest.approx(math.sqrt(1.049 * 1.066))
+    assert [p for p, _ in ticks] == sorted(p for p, _ in ticks)
+    assert report._merged_ticks([4.0, 1.0], ['b', 'a']) == [(1.0, 'a'), (4.0, 'b')]
+    assert report._merged_ticks([], []) == []
+
+
 def test_parse_shape_and_cases():
     assert bench.parse_shape('800x1333') == (800, 1333)
     assert bench.parse_shape('512') == (512, 512)
