@@ -406,3 +406,52 @@ def test_gather_keys_matches_indexing_and_reuses_one_buffer():
         torch.testing.assert_close(trained.grad[:, :, 0], counts[None, :, None].expand(b, m, 12))
     outside = gather_keys(bank, index, heads)
     assert storage(outside[0]) != storage(first[0])
+
+
+def test_gathered_attention_backward_reuses_the_forward_workspace():
+    """Blocks run inside one scope (as the backbone's forward): their backwards reuse the
+    forward's workspace, the last one frees it, and every gradient equals the one computed
+    without a workspace (fresh tensors)."""
+    from mmeffvit.models.layers import relative_position as rp
+    gen = torch.Generator().manual_seed(7)
+    b, heads, d, m = 2, 2, 3, 10
+    q = torch.randn(b * 3, heads, 4, d, generator=gen, requires_grad=True)
+    bank = torch.randn(b, m, 2, heads * d, generator=gen, requires_grad=True)
+    indexes = [torch.randint(0, m, (3, n), generator=gen) for n in (6, 8, 5)]  # grow, shrink
+    bias = torch.randn(1, heads, 4, 8, generator=gen, requires_grad=True)
+    mask = torch.zeros(b * 3, 1, 1, 8)
+    mask[1::2, ..., 0] = float('-inf')
+
+    def run():
+        x = q
+        for index in indexes:  # each block attends with the previous output as its query
+            n = index.shape[1]
+            x = rp.gathered_biased_attention(x, bank * 1.5, index, bias[..., :n],
+                                             mask[..., :n], 0.5)
+        return torch.autograd.grad(x.square().sum(), (q, bank, bias))
+
+    want = run()
+    used = []
+    get = rp.Workspace.get
+
+    def spy(self, name, *args):
+        used.append(name)
+        return get(self, name, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rp.Workspace, 'get', spy)
+        with rp.reused_gather_buffer():
+            workspace = rp.current_workspace()
+            x = q
+            for index in indexes:
+                n = index.shape[1]
+                x = rp.gathered_biased_attention(x, bank * 1.5, index, bias[..., :n],
+                                                 mask[..., :n], 0.5)
+        assert workspace.calls == 3 and set(workspace.buffers) == {
+            ('keys', torch.float32, torch.device('cpu')),
+            ('scores', torch.float32, torch.device('cpu'))}
+        got = torch.autograd.grad(x.square().sum(), (q, bank, bias))
+    assert {'grad_scores', 'grad_k', 'grad_v'} <= set(used)
+    assert workspace.buffers == {}  # freed by the last backward
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,5 @@
-"""Linear layers whose CPU inference runs oneDNN's GEMM with the epilogue fused: ``Linear``
-(bias) and the transformer ``Mlp`` (bias + exact GELU after ``fc1``).
+"""Linear layers whose CPU forward runs oneDNN's GEMM with the epilogue fused: ``Linear``
+(bias) and the transformer ``Mlp`` (bias, and in inference exact GELU after ``fc1``).
 
 Why not torch's own ``nn.Linear`` / timm's ``Mlp``: in eager PyTorch a CPU ``addmm`` first
 copies the broadcast bias into its output and then accumulates the product on it, and GELU is
@@ -8,12 +8,17 @@ measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21
 97 → 63 ms. ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU backend emits for
 these patterns. Results equal the eager ones to float rounding (the GEMM's summation order).
 
-The fused path runs only where it applies: CPU, float32, no autograd (training, or any input
-or weight that needs a gradient, takes torch's path), no autocast, tracing, compiling or
-dispatch mode (``FlopCounterMode`` and the complexity tools see the plain operators).
+In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
+pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is torch's: two GEMMs and
+the bias sum.
+
+The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
+functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
+operators).
 """
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -21,19 +26,63 @@ _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkld
                                                                    '_linear_pointwise')
 
 
-def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` may run as oneDNN's fused linear kernel (see the module)."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return (_ONEDNN_LINEAR and not needs_grad and x.device.type == 'cpu'
-            and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
+    return (_ONEDNN_LINEAR and x.device.type == 'cpu' and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused kernel applies and nothing needs a gradient."""
+    return onednn_applies(x, weight) and not _needs_grad(x, weight)
 
 
 def fused_linear(x, weight, bias, activation='none'):
     """oneDNN's ``activation(x @ weightᵀ + bias)`` (``'none'`` or ``'gelu'``, exact erf)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [],
                                               'none' if activation == 'gelu' else '')
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``x @ weightᵀ + bias`` with the bias fused into oneDNN's forward GEMM; the backward is
+    the one of ``addmm`` (``dx = dy·W``, ``dW = dyᵀ·x``, ``db = Σ dy``), written with
+    differentiable operators so that double backward works."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return fused_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out.matmul(weight)
+        grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_2d.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+def linear(x, weight, bias=None):
+    """``F.linear`` with oneDNN's fused forward where it applies (CPU fp32, see the module),
+    under autograd too."""
+    if not onednn_applies(x, weight):
+        return F.linear(x, weight, bias)
+    if _needs_grad(x, weight, bias):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return fused_linear(x, weight, bias)
 
 
 def _without_hooks(*modules):
@@ -45,27 +94,32 @@ def _without_hooks(*modules):
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same arguments, parameters and initialisation) with the bias fused into
-    oneDNN's GEMM in CPU inference."""
+    oneDNN's forward GEMM on the CPU (:func:`linear`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if onednn_inference(x, self.weight):
-            return fused_linear(x, self.weight, self.bias)
-        return super().forward(x)
+        return linear(x, self.weight, self.bias)
 
 
 class Mlp(_TimmMlp):
-    """timm's ``Mlp`` (same arguments, parameters and training behaviour) with ``fc1`` + GELU
-    and ``fc2`` each one fused oneDNN kernel in CPU inference (not with a hidden norm or
-    another activation, or ``use_conv``)."""
+    """timm's ``Mlp`` (same arguments, parameters and training behaviour) whose two linears run
+    :func:`linear`, and in CPU inference ``fc1`` + GELU one fused oneDNN kernel (not with a
+    hidden norm or another activation, or ``use_conv``)."""
 
-    def _fused(self, x: torch.Tensor) -> bool:
+    def _plain(self) -> bool:
+        return (type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
+                and _without_hooks(self.fc1, self.fc2))
+
+    def _gelu_fused(self, x: torch.Tensor) -> bool:
         return (not self.training and onednn_inference(x, self.fc1.weight)
-                and type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
                 and isinstance(self.norm, nn.Identity) and type(self.act) is nn.GELU
-                and self.act.approximate == 'none' and _without_hooks(self.fc1, self.fc2))
+                and self.act.approximate == 'none')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._fused(x):
+        if not self._plain():
             return super().forward(x)
-        x = fused_linear(x, self.fc1.weight, self.fc1.bias, 'gelu')
-        return self.drop2(fused_linear(self.drop1(x), self.fc2.weight, self.fc2.bias))
+        if self._gelu_fused(x):
+            x = fused_linear(x, self.fc1.weight, self.fc1.bias, 'gelu')
+        else:
+            x = self.act(linear(x, self.fc1.weight, self.fc1.bias))
+        x = self.norm(self.drop1(x))
+        return self.drop2(linear(x, self.fc2.weight, self.fc2.bias))

@@ -93,9 +93,15 @@ def _sum_to(grad, shape):
     return grad.sum(dims, keepdim=True) if dims else grad
 
 
-def _sdpa_with_terms(q, k, v, bias, mask, scale, dropout_p=0.):
-    """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask`` (either None)."""
-    full = mask if bias is None else (bias if mask is None else bias + mask)
+def _sdpa_with_terms(q, k, v, bias, mask, scale, dropout_p=0., workspace=None):
+    """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask`` (either None;
+    their sum written into the buffer of a :class:`Workspace` when given)."""
+    if bias is not None and mask is not None and workspace is not None:
+        full = torch.add(bias, mask, out=workspace.get(
+            'scores', torch.broadcast_shapes(bias.shape, mask.shape),
+            torch.promote_types(bias.dtype, mask.dtype), q.device))
+    else:
+        full = mask if bias is None else (bias if mask is None else bias + mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
                                           scale=scale)
 
@@ -126,19 +132,29 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         return grads + (None, None)
 
 
-def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True):
+def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True,
+                       workspace=None):
     """Gradients of ``out = softmax(q·kᵀ·scale + bias + mask)·v`` for q, k, v and ``bias``
     (summed to its broadcast shape; None unless ``bias_grad``), the probabilities recomputed.
 
     ``q (…, n, d)``, ``k (…, N, d)``, ``v (…, N, e)`` share their leading dimensions; ``bias``
-    and ``mask`` (None allowed) broadcast to ``(…, n, N)``.
+    and ``mask`` (None allowed) broadcast to ``(…, n, N)``. With a :class:`Workspace` (no
+    autograd) the scores and their gradient, and the gradients of k and v (which the caller
+    must consume before the workspace's next use), are written into its buffers.
     """
     lead, n, big_n = q.shape[:-2], q.shape[-2], k.shape[-2]
     # batched 3-D GEMMs on (B'·h, n|N, d): the additive terms are written once and the scaled
     # q·kᵀ accumulated into them in place (baddbmm), one pass over the scores where matmul,
     # scale and the two additions took four
     full = lead + (n, big_n)
-    if mask is None:  # a fresh tensor: the bias itself must stay as it is
+    if workspace is not None:
+        dtype = bias.dtype if mask is None else torch.promote_types(bias.dtype, mask.dtype)
+        add = workspace.get('scores', full, dtype, q.device)
+        if mask is None:
+            add.copy_(bias.expand(full))
+        else:
+            torch.add(bias, mask, out=add)
+    elif mask is None:  # a fresh tensor: the bias itself must stay as it is
         add = bias.expand(full).clone(memory_format=torch.contiguous_format)
     else:
         add = bias + mask
@@ -148,50 +164,81 @@ def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True
     scores = add.view(-1, n, big_n).baddbmm_(q3, k3.transpose(1, 2), alpha=scale)
     if scores.dtype in (torch.float16, torch.bfloat16):  # softmax in fp32, as autocast
         probs = scores.float().softmax(-1).to(scores.dtype)
-    else:
+    elif torch.is_grad_enabled():  # double backward: out= is not differentiable
         probs = scores.softmax(-1)
+    else:  # in place: one fresh (…, n, N) map fewer (each costs its page faults on the CPU)
+        probs = torch.softmax(scores, -1, out=scores)
     del scores, add
     go3, v3 = grad_out.reshape(-1, n, v.shape[-1]), v.reshape(-1, big_n, v.shape[-1])
-    grad_v = torch.bmm(probs.transpose(1, 2), go3)
+
+    def buffer(name, shape):  # None: a fresh tensor
+        return None if workspace is None else workspace.get(name, shape, q.dtype, q.device)
+
+    grad_v = torch.bmm(probs.transpose(1, 2), go3, out=buffer('grad_v', v3.shape))
     # dL/dscores = P ∘ (dO·vᵀ - rowsum(dO ∘ O)): the row term enters as the GEMM's input
     row = (go3 * out.reshape(go3.shape)).sum(-1, keepdim=True)
-    grad_s = probs.mul_(torch.baddbmm(row, go3, v3.transpose(1, 2), beta=-1))
+    grad_s = probs.mul_(torch.baddbmm(row, go3, v3.transpose(1, 2), beta=-1,
+                                      out=buffer('grad_scores', probs.shape)))
     grad_q = torch.bmm(grad_s, k3).mul_(scale)
-    grad_k = torch.bmm(grad_s.transpose(1, 2), q3).mul_(scale)
-    grad_bias = _sum_to(grad_s.view(full), bias.shape) if bias_grad else None
+    grad_k = torch.bmm(grad_s.transpose(1, 2), q3, out=buffer('grad_k', k3.shape)).mul_(scale)
+    grad_bias = None
+    if bias_grad:
+        grad_bias = _sum_to(grad_s.view(full), bias.shape)
+        if workspace is not None and grad_bias.data_ptr() == grad_s.data_ptr():
+            grad_bias = grad_bias.clone()  # not broadcast: returned, so not the buffer
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape), grad_bias
 
 
-_gather_buffers = threading.local()
+class Workspace:
+    """Named flat buffers, each grown to the largest request and handed out as views.
+
+    On the CPU every large tensor allocated anew is faulted in page by page on its first write
+    (glibc maps blocks this large anew and unmaps them when freed): an ``index_select`` of
+    214 MB took 108 ms into a new tensor and 26 ms into a written one (stage 1 of an 800×1333
+    Focal-T, 2 threads). Blocks that run one after another reuse one set of buffers instead.
+    """
+
+    def __init__(self):
+        self.buffers = {}
+        self.calls = 0  # attention calls of the forward that made it (see _GatheredKeysAttention)
+
+    def get(self, name, shape, dtype, device):
+        numel = 1
+        for size in shape:
+            numel *= size
+        key = (name, dtype, device)
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            self.buffers.pop(key, None)  # free the smaller one first
+            buf = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buf[:numel].view(shape)
+
+    def clear(self):
+        self.buffers.clear()
+
+
+_workspaces = threading.local()
 
 
 @contextlib.contextmanager
 def reused_gather_buffer():
-    """Inside the block, :func:`gather_keys` without autograd writes into one buffer per dtype
-    and device, reused by every call and freed at the end.
-
-    The gathered keys are 4-5x the map (Focal Transformer): freshly allocated per block they
-    come from new pages that the kernel faults in one by one (glibc maps blocks this large
-    anew and unmaps them when freed), which took 3-4x the gather itself (stage 1 at
-    800×1333: 108 ms into a new tensor, 26 ms into a written one, 2 threads). A backbone's
-    forward opens the scope; each block's keys must be consumed before the next gather.
+    """Inside the block, :func:`gather_keys` without autograd writes into one
+    :class:`Workspace` buffer, reused by every call; each block's keys must be consumed
+    before the next gather. A backbone's forward opens the scope. The attention calls that
+    autograd records keep the workspace for their backward (which reuses its buffers and
+    frees them at its end), otherwise it is freed when the scope closes.
     """
-    previous = getattr(_gather_buffers, 'buffers', None)
-    _gather_buffers.buffers = {}
+    previous = getattr(_workspaces, 'current', None)
+    _workspaces.current = Workspace()
     try:
         yield
     finally:
-        _gather_buffers.buffers = previous
+        _workspaces.current = previous
 
 
-def _gather_buffer(numel, dtype, device):
-    buffers = getattr(_gather_buffers, 'buffers', None)
-    if buffers is None:
-        return None
-    buf = buffers.get((dtype, device))
-    if buf is None or buf.numel() < numel:
-        buf = buffers[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
-    return buf[:numel]
+def current_workspace():
+    """The :class:`Workspace` of the innermost :func:`reused_gather_buffer` scope, or None."""
+    return getattr(_workspaces, 'current', None)
 
 
 def _head_rows(index, images, bank_len, num_heads):
@@ -215,27 +262,29 @@ def _head_rows(index, images, bank_len, num_heads):
 _head_rows_cache = {}
 
 
-def gather_keys(bank, index, num_heads):
+def gather_keys(bank, index, num_heads, workspace=None):
     """Keys and values ``(B·nW, h, N, d)``, each contiguous, of every window from the bank
     ``(B, M, 2, C)``: ``k[i·nW + w, j, s] = bank[i, index[w, s], 0, j·d:(j+1)·d]``.
 
     One ``index_select`` of the bank's ``d``-wide rows in head-major order, so that the
     attention's batched GEMMs (and :func:`attention_backward`) read them without a copy
     (measured: stage 1 of an 800×1333 Focal-T, 61 → 43 ms with the copies it saves); without
-    autograd through the bank, into the buffer of :func:`reused_gather_buffer` when open.
+    autograd through the bank, into the buffer of ``workspace`` or of the open
+    :func:`reused_gather_buffer` scope.
     """
     b, m, _, c = bank.shape
     nw, n = index.shape
     d = c // num_heads
     rows = _head_rows(index, b, m, num_heads)
     flat = bank.reshape(b * m * 2 * num_heads, d)
-    out = None
-    if not (torch.is_grad_enabled() and bank.requires_grad):
-        out = _gather_buffer(rows.numel() * d, bank.dtype, bank.device)
-    if out is None:
+    if workspace is None and not (torch.is_grad_enabled() and bank.requires_grad):
+        workspace = current_workspace()
+    if workspace is None:
         kv = flat.index_select(0, rows)
     else:
-        kv = torch.index_select(flat, 0, rows, out=out.view(-1, d))
+        kv = torch.index_select(flat, 0, rows,
+                                out=workspace.get('keys', (rows.numel(), d), bank.dtype,
+                                                  bank.device))
     kv = kv.view(2, b * nw, num_heads, n, d)
     return kv[0], kv[1]
 
@@ -265,19 +314,28 @@ class _GatheredKeysAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, bank, index, bias, mask, scale):
+        # the forward's workspace serves the backward too: the blocks' backwards run one
+        # after another, and the first call's (the last backward) frees it
+        ctx.workspace = current_workspace()
         k, v = gather_keys(bank, index, q.shape[1])
-        out = _sdpa_with_terms(q, k, v, bias, mask, scale)
+        out = _sdpa_with_terms(q, k, v, bias, mask, scale, workspace=ctx.workspace)
         ctx.save_for_backward(q, bank, index, bias, mask, out)
         ctx.scale = scale
+        if ctx.workspace is not None:
+            ctx.call = ctx.workspace.calls
+            ctx.workspace.calls += 1
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, bank, index, bias, mask, out = ctx.saved_tensors
-        k, v = gather_keys(bank, index, q.shape[1])
+        workspace = None if torch.is_grad_enabled() else ctx.workspace
+        k, v = gather_keys(bank, index, q.shape[1], workspace)
         grad_q, grad_k, grad_v, grad_bias = attention_backward(
-            q, k, v, bias, mask, out, grad_out, ctx.scale, ctx.needs_input_grad[3])
+            q, k, v, bias, mask, out, grad_out, ctx.scale, ctx.needs_input_grad[3], workspace)
         grad_bank = scatter_key_grads(grad_k, grad_v, bank, index)
+        if workspace is not None and ctx.call == 0:
+            workspace.clear()
         return grad_q, grad_bank, None, grad_bias, None, None
 
 
