@@ -76,7 +76,9 @@ def test_training_forward_is_fused_and_gradients_are_torchs(case):
     ours, reference = _pair()
     ours.train(case == 'train'), reference.train(case == 'train')
     x = (torch.randn(2, 9, 48) * 3).requires_grad_(case == 'grad')
-    assert 'mkldnn::_linear_pointwise' in _ops(lambda: ours(x))
+    ops = _ops(lambda: ours(x).sum().backward())
+    assert 'mkldnn::_linear_pointwise' in ops and '_GeluLinearBackward' in ops
+    ours.zero_grad(set_to_none=True)
     out, expected = ours(x), reference(x)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     grad_out = torch.randn_like(out)
@@ -104,6 +106,12 @@ def test_fused_linear_double_backward_matches_torch():
 
     assert 'mkldnn::_linear_pointwise' in _ops(lambda: linear_module.linear(x, weight, bias))
     for got, want in zip(penalty(linear_module.linear), penalty(F.linear)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # GELU + fc2 in one Function (the training MLP)
+    assert '_GeluLinearBackward' in _ops(
+        lambda: linear_module._GeluLinear.apply(x, weight, bias).sum().backward())
+    for got, want in zip(penalty(linear_module._GeluLinear.apply),
+                         penalty(lambda *a: F.linear(F.gelu(a[0]), *a[1:]))):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
