@@ -10,7 +10,8 @@ these patterns. Results equal the eager ones to float rounding (the GEMM's summa
 
 In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
 pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is torch's: two GEMMs and
-the bias sum.
+the bias sum; the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, whose backward writes
+GELU's gradient in place.
 
 The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
 functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
