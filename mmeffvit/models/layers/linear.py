@@ -143,16 +143,18 @@ class Mlp(_TimmMlp):
         return (type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
                 and _without_hooks(self.fc1, self.fc2))
 
+    def _exact_gelu_without_norm(self) -> bool:
+        return (isinstance(self.norm, nn.Identity) and type(self.act) is nn.GELU
+                and self.act.approximate == 'none')
+
     def _gelu_fused(self, x: torch.Tensor) -> bool:
         return (not self.training and onednn_inference(x, self.fc1.weight)
-                and isinstance(self.norm, nn.Identity) and type(self.act) is nn.GELU
-                and self.act.approximate == 'none')
+                and self._exact_gelu_without_norm())
 
     def _gelu_in_backward(self, x: torch.Tensor) -> bool:
         """Training: GELU and fc2 one :class:`_GeluLinear` (nothing between them)."""
         drop1 = self.drop1
-        return (isinstance(self.norm, nn.Identity) and type(self.act) is nn.GELU
-                and self.act.approximate == 'none'
+        return (self._exact_gelu_without_norm()
                 and (isinstance(drop1, nn.Identity) or not self.training
                      or (type(drop1) is nn.Dropout and drop1.p == 0))
                 and onednn_applies(x, self.fc2.weight)

@@ -9,6 +9,7 @@ with a trained bias whose backward recomputes the probabilities (:func:`biased_a
 """
 import contextlib
 import functools
+import math
 import threading
 
 import torch
@@ -93,13 +94,19 @@ def _sum_to(grad, shape):
     return grad.sum(dims, keepdim=True) if dims else grad
 
 
+def _terms_into(workspace, bias, mask, shape):
+    """``bias + mask`` (mask may be None) broadcast to ``shape``, written into the workspace's
+    ``'scores'`` buffer."""
+    dtype = bias.dtype if mask is None else torch.promote_types(bias.dtype, mask.dtype)
+    out = workspace.get('scores', shape, dtype, bias.device)
+    return out.copy_(bias.expand(shape)) if mask is None else torch.add(bias, mask, out=out)
+
+
 def _sdpa_with_terms(q, k, v, bias, mask, scale, dropout_p=0., workspace=None):
     """``F.scaled_dot_product_attention`` with the additive mask ``bias + mask`` (either None;
     their sum written into the buffer of a :class:`Workspace` when given)."""
     if bias is not None and mask is not None and workspace is not None:
-        full = torch.add(bias, mask, out=workspace.get(
-            'scores', torch.broadcast_shapes(bias.shape, mask.shape),
-            torch.promote_types(bias.dtype, mask.dtype), q.device))
+        full = _terms_into(workspace, bias, mask, torch.broadcast_shapes(bias.shape, mask.shape))
     else:
         full = mask if bias is None else (bias if mask is None else bias + mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
@@ -148,12 +155,7 @@ def attention_backward(q, k, v, bias, mask, out, grad_out, scale, bias_grad=True
     # scale and the two additions took four
     full = lead + (n, big_n)
     if workspace is not None:
-        dtype = bias.dtype if mask is None else torch.promote_types(bias.dtype, mask.dtype)
-        add = workspace.get('scores', full, dtype, q.device)
-        if mask is None:
-            add.copy_(bias.expand(full))
-        else:
-            torch.add(bias, mask, out=add)
+        add = _terms_into(workspace, bias, mask, full)
     elif mask is None:  # a fresh tensor: the bias itself must stay as it is
         add = bias.expand(full).clone(memory_format=torch.contiguous_format)
     else:
@@ -203,9 +205,7 @@ class Workspace:
         self.calls = 0  # attention calls of the forward that made it (see _GatheredKeysAttention)
 
     def get(self, name, shape, dtype, device):
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         key = (name, dtype, device)
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel:
