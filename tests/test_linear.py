@@ -115,6 +115,45 @@ def test_fused_linear_double_backward_matches_torch():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@needs_onednn
+def test_gelu_linear_backward_writes_over_the_saved_activation_unless_the_graph_is_kept():
+    """A plain backward writes its input gradients over the saved ``gelu(h)``; with
+    ``retain_graph`` it leaves it intact, so a second backward gives the same gradients."""
+    torch.manual_seed(3)
+    hidden = torch.randn(7, 12, requires_grad=True)
+    weight = torch.randn(5, 12, requires_grad=True)
+    bias = torch.randn(5, requires_grad=True)
+    grad_out = torch.randn(7, 5)
+    expected = torch.autograd.grad(F.linear(F.gelu(hidden), weight, bias),
+                                   [hidden, weight, bias], grad_out)
+
+    def run(retain):
+        saved = []
+
+        def pack(t):
+            saved.append(t)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = linear_module._GeluLinear.apply(hidden, weight, bias)
+        act = next(t for t in saved if t.shape == hidden.shape and not t.equal(hidden))
+        snapshot = act.clone()
+        first = torch.autograd.grad(out, [hidden, weight, bias], grad_out, retain_graph=retain)
+        intact = act.equal(snapshot)
+        second = (torch.autograd.grad(out, [hidden, weight, bias], grad_out) if retain else
+                  None)
+        return intact, first, second
+
+    intact, first, _ = run(retain=False)
+    assert not intact
+    for got, want in zip(first, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    intact, first, second = run(retain=True)
+    assert intact
+    for got, again, want in zip(first, second, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(again, want, rtol=1e-5, atol=1e-5)
+
+
 def test_same_parameters_as_timm():
     ours, reference = _pair()
     assert list(ours.state_dict()) == list(reference.state_dict())
