@@ -352,3 +352,21 @@ def test_biased_attention_matches_explicit_softmax_with_gradients(with_mask, bia
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert torch.equal(bias.detach(), bias_before)  # the backward works on its own buffers
+
+
+@pytest.mark.parametrize('with_mask', [False, True])
+def test_biased_attention_forward_runs_the_fused_kernel_with_a_trained_bias(with_mask):
+    # a mask that requires a gradient sends torch's dispatch to its composite kernel (which
+    # stores the probabilities' softmax over a fresh scores map); the bias is this function's
+    # own to differentiate, so the forward passes it detached
+    from mmeffvit.models.layers.relative_position import biased_attention
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(8, 3, 49, 16, generator=gen, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 3, 49, 49, generator=gen, requires_grad=True)
+    mask = torch.zeros(8, 1, 49, 49) if with_mask else None
+    with torch.profiler.profile() as prof:
+        out = biased_attention(q, k, v, bias, mask, scale=0.25)
+    names = {event.name for event in prof.events()}
+    assert 'aten::_scaled_dot_product_flash_attention_for_cpu' in names
+    assert 'aten::_scaled_dot_product_attention_math' not in names
+    assert out.grad_fn is not None and 'Recomputed' in type(out.grad_fn).__name__

@@ -126,7 +126,9 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale):
-        out = _sdpa_with_terms(q, k, v, bias, mask, scale)
+        # detached: torch picks its composite kernel for a mask that requires a gradient,
+        # even with autograd off (the bias gradient is this function's own)
+        out = _sdpa_with_terms(q, k, v, bias.detach(), mask, scale)
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale = scale
         return out
@@ -318,7 +320,8 @@ class _GatheredKeysAttention(torch.autograd.Function):
         # after another, and the first call's (the last backward) frees it
         ctx.workspace = current_workspace()
         k, v = gather_keys(bank, index, q.shape[1])
-        out = _sdpa_with_terms(q, k, v, bias, mask, scale, workspace=ctx.workspace)
+        out = _sdpa_with_terms(q, k, v, None if bias is None else bias.detach(), mask, scale,
+                               workspace=ctx.workspace)  # detached: see _RecomputedBiasAttention
         ctx.save_for_backward(q, bank, index, bias, mask, out)
         ctx.scale = scale
         if ctx.workspace is not None:
