@@ -204,3 +204,22 @@ def test_hooked_submodules_keep_their_hooks():
     with torch.no_grad():
         ours(torch.randn(4, 48))
     assert seen == [torch.Size([4, 48])]
+
+
+@needs_onednn
+def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
+    """PVT v2's MLP (fc1 → depthwise conv → GELU → fc2): in training GELU and fc2 are one
+    ``_GeluLinear``; output and gradients equal the modules composed by hand."""
+    from mmeffvit.models.layers.pvt_block import ConvMlp
+    torch.manual_seed(5)
+    mlp = ConvMlp(16, 64).train()
+    x = torch.randn(2, 6 * 7, 16, requires_grad=True)
+    assert '_GeluLinearBackward' in _ops(lambda: mlp(x, (6, 7)).sum().backward())
+    out = mlp(x, (6, 7))
+    expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (6, 7))))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    grad_out = torch.randn_like(out)
+    inputs = [x] + list(mlp.parameters())
+    for got, want in zip(torch.autograd.grad(out, inputs, grad_out),
+                         torch.autograd.grad(expected, inputs, grad_out)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)

@@ -141,6 +141,15 @@ def linear(x, weight, bias=None):
     return fused_linear(x, weight, bias)
 
 
+def gelu_linear(x, fc):
+    """``fc(gelu(x))`` (exact GELU) as one :class:`_GeluLinear` where oneDNN applies and autograd
+    records through it (see the class), else the two modules' own calls."""
+    if (type(fc) in (Linear, nn.Linear) and _without_hooks(fc) and onednn_applies(x, fc.weight)
+            and _needs_grad(x, fc.weight, fc.bias)):
+        return _GeluLinear.apply(x, fc.weight, fc.bias)
+    return fc(F.gelu(x))
+
+
 def _without_hooks(*modules):
     """The fused paths skip the submodules' ``__call__``: only where nothing hooks them."""
     from torch.nn.modules import module as m

@@ -4,7 +4,7 @@ from timm.layers import DropPath
 
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
-from .linear import Linear, Mlp
+from .linear import Linear, Mlp, gelu_linear
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 
@@ -37,8 +37,11 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw_shape):
-        x = self.drop(self.act(self.dwconv(self.fc1(x), hw_shape)))
-        return self.drop(self.fc2(x))
+        x = self.dwconv(self.fc1(x), hw_shape)
+        if (type(self.act) is nn.GELU and self.act.approximate == 'none'
+                and (self.drop.p == 0 or not self.training)):
+            return self.drop(gelu_linear(x, self.fc2))  # GELU and fc2 one Function in training
+        return self.drop(self.fc2(self.drop(self.act(x))))
 
 
 class FLattenPVTBlock(nn.Module):
