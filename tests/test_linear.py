@@ -223,3 +223,4 @@ def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
     for got, want in zip(torch.autograd.grad(out, inputs, grad_out),
                          torch.autograd.grad(expected, inputs, grad_out)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+

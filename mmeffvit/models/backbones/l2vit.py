@@ -5,7 +5,7 @@ from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import map_to_tokens, tokens_to_map
+from ...utils import map_to_tokens, split_heads, tokens_to_map
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers.linear import Linear, Mlp
@@ -42,7 +42,7 @@ class LinearAttention(nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = split_heads(self.qkv(x), 3, self.num_heads)
         out = clamped_linear_attention(q, k, v, self.temperature, self.min_denominator)
         return self.proj(out.to(x.dtype).transpose(1, 2).reshape(b, n, c))
 

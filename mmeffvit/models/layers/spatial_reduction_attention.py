@@ -3,7 +3,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from ...utils import map_to_tokens, tokens_to_map
+from ...utils import map_to_tokens, split_heads, tokens_to_map
 from .linear import Linear
 from .norm import LayerNormFP32
 
@@ -69,7 +69,7 @@ class SpatialReductionAttention(SpatialReductionMixin, BaseModule):
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
         kv = self.kv(self.reduce_tokens(x, hw_shape)[0])
-        k, v = kv.reshape(b, -1, 2, h, c // h).permute(2, 0, 3, 1, 4)
+        k, v = split_heads(kv, 2, h)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
