@@ -122,8 +122,11 @@ def test_report_tables_from_known_numbers():
     assert fits['Mine']['infer_time'] == pytest.approx(1.0)
     assert fits['Mine']['train_alloc'] == pytest.approx(1.0)
     assert fits['Mine']['train_rss'] == pytest.approx(0.0)
+    # less the 4 MB of fp32 weights (1 M parameters): (4·100 MiB - 4 MB) / (100 MiB - 4 MB)
+    beyond = math.log((4 * 100 * 2**20 - 4e6) / (100 * 2**20 - 4e6)) / math.log(4)
+    assert fits['Mine']['train_alloc_beyond_weights'] == pytest.approx(beyond)
     sweep = [line for line in md.splitlines() if line.startswith('| Mine |')][2]
-    assert sweep.rstrip(' |').endswith('1.00 | 1.00 | 1.00 | 0.00')
+    assert sweep.rstrip(' |').endswith(f'1.00 | 1.00 | 1.00 | {beyond:.2f} | 0.00')
 
 
 def test_report_note():
