@@ -107,27 +107,22 @@ class _GeluLinear(_OneDNNLinear):
     @staticmethod
     def backward(ctx, grad_out):
         hidden, act, weight = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: the differentiable form
-            grad_act, grad_weight, grad_bias = _OneDNNLinear._grads(
-                ctx, grad_out, act, weight, ctx.needs_input_grad[0])
-            grad_hidden = None if grad_act is None else torch.ops.aten.gelu_backward(
-                grad_act, hidden)
-            return grad_hidden, grad_weight, grad_bias
-        if _graph_kept() or not act.is_contiguous():
-            grad_act, grad_weight, grad_bias = _OneDNNLinear._grads(
-                ctx, grad_out, act, weight, ctx.needs_input_grad[0])
-        else:  # act is read by the weight gradient, then overwritten
-            _, grad_weight, grad_bias = _OneDNNLinear._grads(ctx, grad_out, act, weight, False)
-            grad_act = None
-            if ctx.needs_input_grad[0]:
-                grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
-                grad_act = torch.mm(grad_2d, weight, out=act.view(-1, act.shape[-1]))
-                grad_act = grad_act.view_as(act)
+        grad_needed = ctx.needs_input_grad[0]
+        differentiable = torch.is_grad_enabled()  # double backward
+        overwrite = not differentiable and not _graph_kept() and act.is_contiguous()
+        # the weight gradient reads act before dO·W may be written over it
+        grad_act, grad_weight, grad_bias = _OneDNNLinear._grads(
+            ctx, grad_out, act, weight, grad_needed and not overwrite)
+        if grad_needed and overwrite:
+            grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
+            grad_act = torch.mm(grad_2d, weight, out=act.view(-1, act.shape[-1])).view_as(act)
         if grad_act is None:
             return None, grad_weight, grad_bias
-        # grad_act is this backward's own tensor (fresh, or the saved act it may overwrite)
-        grad_hidden = torch.ops.aten.gelu_backward.grad_input(grad_act, hidden,
-                                                              grad_input=grad_act)
+        if differentiable:
+            grad_hidden = torch.ops.aten.gelu_backward(grad_act, hidden)
+        else:  # grad_act is this backward's own tensor (fresh, or the saved act)
+            grad_hidden = torch.ops.aten.gelu_backward.grad_input(grad_act, hidden,
+                                                                  grad_input=grad_act)
         return grad_hidden, grad_weight, grad_bias
 
 
