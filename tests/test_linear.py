@@ -116,42 +116,68 @@ def test_fused_linear_double_backward_matches_torch():
 
 
 @needs_onednn
-def test_gelu_linear_backward_writes_over_the_saved_activation_unless_the_graph_is_kept():
-    """A plain backward writes its input gradients over the saved ``gelu(h)``; with
-    ``retain_graph`` it leaves it intact, so a second backward gives the same gradients."""
+@pytest.mark.parametrize('owned', [True, False])
+def test_gelu_linear_stores_the_pre_activation_only_and_writes_its_gradient_over_it(
+        owned, monkeypatch):
+    """Only ``h`` (and the weight) is saved, ``gelu(h)`` is recomputed in blocks of rows
+    (three here, the last one short); gradients equal torch's. With ``owned`` a plain backward
+    returns the input gradient in ``h``'s memory; with ``retain_graph`` (or not owned) ``h``
+    stays intact and a second backward gives the same gradients."""
+    monkeypatch.setattr(linear_module, '_GELU_BLOCK_ELEMENTS', 1)  # 64-row blocks
     torch.manual_seed(3)
-    hidden = torch.randn(7, 12, requires_grad=True)
+    base = torch.randn(150, 12, requires_grad=True)
     weight = torch.randn(5, 12, requires_grad=True)
     bias = torch.randn(5, requires_grad=True)
-    grad_out = torch.randn(7, 5)
-    expected = torch.autograd.grad(F.linear(F.gelu(hidden), weight, bias),
-                                   [hidden, weight, bias], grad_out)
+    grad_out = torch.randn(150, 5)
+    expected = torch.autograd.grad(F.linear(F.gelu(base), weight, bias), [base, weight, bias],
+                                   grad_out)
 
     def run(retain):
+        hidden = base * 1  # an intermediate, as fc1's output
         saved = []
-
-        def pack(t):
-            saved.append(t)
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = linear_module._GeluLinear.apply(hidden, weight, bias)
-        act = next(t for t in saved if t.shape == hidden.shape and not t.equal(hidden))
-        snapshot = act.clone()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            out = linear_module._GeluLinear.apply(hidden, weight, bias, owned)
+        assert [tuple(t.shape) for t in saved] == [(150, 12), (5, 12)]
+        assert saved[0] is hidden
+        snapshot = hidden.clone()
         first = torch.autograd.grad(out, [hidden, weight, bias], grad_out, retain_graph=retain)
-        intact = act.equal(snapshot)
-        second = (torch.autograd.grad(out, [hidden, weight, bias], grad_out) if retain else
-                  None)
-        return intact, first, second
+        in_place = first[0].data_ptr() == hidden.data_ptr()
+        intact = hidden.equal(snapshot)
+        first = torch.autograd.grad(hidden, base, first[0], retain_graph=True) + first[1:]
+        second = None
+        if retain:
+            second = torch.autograd.grad(out, [hidden, weight, bias], grad_out)
+            second = torch.autograd.grad(hidden, base, second[0]) + second[1:]
+        return in_place, intact, first, second
 
-    intact, first, _ = run(retain=False)
-    assert not intact
+    in_place, intact, first, _ = run(retain=False)
+    assert in_place == owned and intact != owned
     for got, want in zip(first, expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    intact, first, second = run(retain=True)
-    assert intact
+    in_place, intact, first, second = run(retain=True)
+    assert not in_place and intact
     for got, again, want in zip(first, second, expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(again, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_training_mlp_stores_no_gelu_output():
+    """A training Mlp saves its input and the ``(N, 4C)`` pre-activation, not ``gelu(h)`` too
+    (timm's Mlp saves both)."""
+    ours, reference = _pair()
+    x = torch.randn(2, 9, 48, requires_grad=True)
+
+    def hidden_maps(module):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            module(x)
+        return len({t.data_ptr() for t in saved if t.numel() == 2 * 9 * 192})
+
+    assert hidden_maps(reference) == 2
+    assert hidden_maps(ours) == 1
 
 
 def test_same_parameters_as_timm():

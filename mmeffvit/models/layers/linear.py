@@ -10,8 +10,9 @@ these patterns. Results equal the eager ones to float rounding (the GEMM's summa
 
 In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
 pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is torch's: two GEMMs and
-the bias sum; the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, whose backward writes
-its input gradients over the saved activation instead of into fresh tensors.
+the bias sum; the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, which stores the
+pre-activation only (GELU recomputed block by block) and whose backward writes its input
+gradient over it instead of into a fresh tensor.
 
 The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
 functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
@@ -87,43 +88,94 @@ def _graph_kept() -> bool:
     return True if keep_graph is None else bool(keep_graph())
 
 
-class _GeluLinear(_OneDNNLinear):
-    """``gelu(h) @ weightᵀ + bias`` (exact GELU; the MLP's activation and ``fc2``) whose
-    backward writes fc2's input gradient ``dO·W`` and then GELU's gradient over the saved
-    ``gelu(h)`` once fc2's weight gradient has read it, instead of into fresh ``(N, 4C)``
-    tensors: on the CPU a fresh tensor this large is faulted in page by page by the kernel that
-    writes it first. In a FLatten-Swin-T training step at 800×1333 (2 threads, profiled) the
-    ``dO·W`` GEMMs took 1.13 s at 17-38 GMAC/s into fresh outputs and 0.50 s at 50-70 into the
-    saved ones. Where the graph is kept for another backward (``retain_graph``), or for double
-    backward, the saved tensor stays intact and fresh tensors are used."""
+# Rows per block of _GeluLinear: a 2 MiB fp32 block of the hidden map (stays in cache between
+# GELU and the GEMM that reads it; 256K-2M elements measured alike, stage shapes of Swin-T)
+_GELU_BLOCK_ELEMENTS = 1 << 19
+
+
+class _GeluLinear(torch.autograd.Function):
+    """``gelu(h) @ weightᵀ + bias`` (exact GELU; the MLP's activation and ``fc2``) that keeps
+    only ``h``: ``gelu(h)`` is made block by block of rows into a small buffer, in the forward
+    for the GEMM and again in the backward for the weight gradient, instead of being stored as
+    a second ``(N, 4C)`` map (16-22 % of the training activations of CSWin, L²ViT and Swin
+    variants). The GELU is recomputed; the blocks save the page faults of a fresh ``(N, 4C)``
+    output, so the step takes no longer (one MLP at stage-1 size: 276 ms → 259 ms, measured).
+
+    ``owned=True`` (the caller made ``h`` and nothing else holds it, as in :class:`Mlp`): the
+    backward writes GELU's input gradient over the saved ``h`` block by block instead of into a
+    fresh tensor (on the CPU a fresh tensor this large is faulted in page by page by the kernel
+    that writes it first: 1.13 s → 0.50 s of ``dO·W`` GEMMs in a FLatten-Swin-T step at
+    800×1333). Where autograd keeps the graph for another backward (``retain_graph``) or
+    builds one (double backward) ``h`` stays intact and plain differentiable operators run.
+    """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias):
-        act = F.gelu(hidden)
-        ctx.save_for_backward(hidden, act, weight)
-        ctx.has_bias = bias is not None
-        return fused_linear(act, weight, bias)
+    def forward(ctx, hidden, weight, bias, owned=False):
+        ctx.save_for_backward(hidden, weight)
+        ctx.has_bias, ctx.owned = bias is not None, owned
+        hidden_2d = hidden.reshape(-1, hidden.shape[-1])
+        out = hidden.new_empty(hidden_2d.shape[0], weight.shape[0])
+        for rows, act in _gelu_blocks(hidden_2d):
+            if bias is None:
+                torch.mm(act, weight.t(), out=out[rows])
+            else:
+                torch.addmm(bias, act, weight.t(), out=out[rows])
+        return out.view(*hidden.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, act, weight = ctx.saved_tensors
-        grad_needed = ctx.needs_input_grad[0]
-        differentiable = torch.is_grad_enabled()  # double backward
-        overwrite = not differentiable and not _graph_kept() and act.is_contiguous()
-        # the weight gradient reads act before dO·W may be written over it
-        grad_act, grad_weight, grad_bias = _OneDNNLinear._grads(
-            ctx, grad_out, act, weight, grad_needed and not overwrite)
-        if grad_needed and overwrite:
-            grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
-            grad_act = torch.mm(grad_2d, weight, out=act.view(-1, act.shape[-1])).view_as(act)
-        if grad_act is None:
-            return None, grad_weight, grad_bias
-        if differentiable:
-            grad_hidden = torch.ops.aten.gelu_backward(grad_act, hidden)
-        else:  # grad_act is this backward's own tensor (fresh, or the saved act)
-            grad_hidden = torch.ops.aten.gelu_backward.grad_input(grad_act, hidden,
-                                                                  grad_input=grad_act)
-        return grad_hidden, grad_weight, grad_bias
+        hidden, weight = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # double backward: differentiable operators
+            act = F.gelu(hidden)
+            grad_act, grad_weight, grad_bias = _OneDNNLinear._grads(ctx, grad_out, act, weight,
+                                                                    need_hidden)
+            grad_hidden = (torch.ops.aten.gelu_backward(grad_act, hidden)
+                           if grad_act is not None else None)
+            return grad_hidden, grad_weight, grad_bias, None
+        hidden_2d = hidden.reshape(-1, hidden.shape[-1])
+        grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_hidden = grad_weight = grad_bias = None
+        if need_hidden:
+            overwrite = ctx.owned and hidden.is_contiguous() and not _graph_kept()
+            grad_hidden = hidden_2d if overwrite else torch.empty_like(hidden_2d)
+            grad_act = hidden_2d.new_empty(min(_gelu_block_rows(hidden_2d), len(hidden_2d)),
+                                           hidden_2d.shape[1])
+        if need_weight:
+            grad_weight = weight.new_zeros(weight.shape)
+        if need_hidden or need_weight:
+            for rows, act in _gelu_blocks(hidden_2d, need_weight):
+                grad = grad_2d[rows]
+                if need_weight:
+                    grad_weight.addmm_(grad.t(), act)
+                if need_hidden:
+                    block = torch.mm(grad, weight, out=grad_act[:len(grad)])
+                    # elementwise: the output may be the input it reads (the owned h)
+                    torch.ops.aten.gelu_backward.grad_input(block, hidden_2d[rows],
+                                                            grad_input=grad_hidden[rows])
+        if ctx.has_bias and need_bias:
+            grad_bias = grad_2d.sum(0)
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.view_as(hidden)
+        return grad_hidden, grad_weight, grad_bias, None
+
+
+def _gelu_block_rows(hidden_2d):
+    return max(64, _GELU_BLOCK_ELEMENTS // max(hidden_2d.shape[1], 1))
+
+
+def _gelu_blocks(hidden_2d, compute=True):
+    """``(row slice, gelu(h[rows]))`` over blocks of rows, the GELU written into one reused
+    buffer (None when ``compute`` is False)."""
+    n = hidden_2d.shape[0]
+    step = _gelu_block_rows(hidden_2d)
+    buffer = hidden_2d.new_empty(min(step, n), hidden_2d.shape[1]) if compute else None
+    for start in range(0, n, step):
+        rows = slice(start, min(start + step, n))
+        act = None
+        if compute:
+            act = torch.ops.aten.gelu.out(hidden_2d[rows], out=buffer[:rows.stop - start])
+        yield rows, act
 
 
 def linear(x, weight, bias=None):
@@ -136,12 +188,13 @@ def linear(x, weight, bias=None):
     return fused_linear(x, weight, bias)
 
 
-def gelu_linear(x, fc):
+def gelu_linear(x, fc, owned=False):
     """``fc(gelu(x))`` (exact GELU) as one :class:`_GeluLinear` where oneDNN applies and autograd
-    records through it (see the class), else the two modules' own calls."""
+    records through it (see the class), else the two modules' own calls. ``owned``: ``x`` is
+    the caller's intermediate that nothing else holds (its memory may take the gradient)."""
     if (type(fc) in (Linear, nn.Linear) and _without_hooks(fc) and onednn_applies(x, fc.weight)
             and _needs_grad(x, fc.weight, fc.bias)):
-        return _GeluLinear.apply(x, fc.weight, fc.bias)
+        return _GeluLinear.apply(x, fc.weight, fc.bias, owned)
     return fc(F.gelu(x))
 
 
@@ -192,8 +245,8 @@ class Mlp(_TimmMlp):
         if self._gelu_fused(x):
             x = fused_linear(x, self.fc1.weight, self.fc1.bias, 'gelu')
         elif self._gelu_in_backward(x):
-            x = linear(x, self.fc1.weight, self.fc1.bias)
-            return self.drop2(_GeluLinear.apply(x, self.fc2.weight, self.fc2.bias))
+            x = linear(x, self.fc1.weight, self.fc1.bias)  # fc1's output: held by nobody else
+            return self.drop2(_GeluLinear.apply(x, self.fc2.weight, self.fc2.bias, True))
         else:
             x = self.act(linear(x, self.fc1.weight, self.fc1.bias))
         x = self.norm(self.drop1(x))

@@ -40,7 +40,8 @@ class ConvMlp(nn.Module):
         x = self.dwconv(self.fc1(x), hw_shape)
         if (type(self.act) is nn.GELU and self.act.approximate == 'none'
                 and (self.drop.p == 0 or not self.training)):
-            return self.drop(gelu_linear(x, self.fc2))  # GELU and fc2 one Function in training
+            # GELU and fc2 one Function in training; x, the conv's output, is held by nobody else
+            return self.drop(gelu_linear(x, self.fc2, owned=True))
         return self.drop(self.fc2(self.drop(self.act(x))))
 
 
