@@ -311,3 +311,45 @@ def test_inputs_below_32_pixels(arch):
             padded = model(F.pad(x, (0, 32 - size[1], 0, 32 - size[0])))
             for out, ref in zip(outs, padded):
                 assert torch.equal(out, ref[..., :out.shape[-2], :out.shape[-1]])
+
+
+@pytest.mark.parametrize('use_probs', [False, True])
+def test_score_attention_saves_the_scores_not_the_probabilities(use_probs):
+    """``softmax(A) V`` of a layer whose scores are kept anyway stores no probability map (the
+    backward recomputes it from the row log-sum-exp); output and gradients equal the plain
+    softmax and matmul, also when the returned probabilities feed a loss (the LA layers'
+    L_DP)."""
+    from mmeffvit.models.layers.less_attention import _SoftmaxValues, masked_softmax
+    torch.manual_seed(0)
+    scores = (torch.randn(2, 3, 40, 12) * 4).requires_grad_()
+    v = torch.randn(2, 3, 12, 8, requires_grad=True)
+    grad_out, grad_probs = torch.randn(2, 3, 40, 8), torch.randn(2, 3, 40, 12)
+
+    def loss(out, probs):
+        return (out * grad_out).sum() + ((probs * grad_probs).sum() if use_probs else 0)
+
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out, probs = _SoftmaxValues.apply(scores, v)
+    map_shaped = [t for t in saved if t.shape == scores.shape]
+    assert len(map_shaped) == 1 and map_shaped[0] is scores
+    got = torch.autograd.grad(loss(out, probs), [scores, v])
+    ref_probs = masked_softmax(scores)
+    ref_out = ref_probs @ v
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(probs, ref_probs)
+    want = torch.autograd.grad(loss(ref_out, ref_probs), [scores, v])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_training_lavit_stores_one_map_per_global_vanilla_layer_with_scores():
+    """Stage 1's last VA layer keeps its scores for the AR module; they are the only saved
+    tensor of its size (the AR module saves a view of them); the probabilities are not."""
+    model = LaViT(arch='tiny').train()
+    x = torch.randn(1, 3, 128, 128)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(x)
+    stage1_map = 32 * 32 * 4 * 4  # 128/4 tokens a side, keys reduced by sr=8, one head
+    assert len({t.data_ptr() for t in saved if t.numel() == stage1_map and t.dim() >= 4}) == 1

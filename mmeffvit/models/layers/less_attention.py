@@ -20,6 +20,50 @@ def masked_softmax(scores, key_mask=None):
     return x.softmax(dim=-1).to(scores.dtype)
 
 
+class _SoftmaxValues(torch.autograd.Function):
+    """``softmax(scores) @ v`` that stores the scores, not the probabilities.
+
+    A VA layer whose scores are read later (by an LA layer or the next AR module) keeps its
+    ``(B, H, N, Nk)`` scores alive anyway; saving the softmax output as well, as
+    ``softmax`` and ``matmul`` do, held a second map of that size. Here the row log-sum-exp is
+    saved and the backward recomputes the probabilities, with the softmax gradient
+    ``P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))`` of the attention identity (as flash attention's backward).
+    At 1536² the stage-1 map of LaViT-T is 1.3 GiB. Softmax in fp32, as :func:`masked_softmax`.
+    """
+
+    @staticmethod
+    def forward(ctx, scores, v):
+        x = scores.float()
+        probs = x.softmax(dim=-1)
+        # log Σ exp(x) from row maxima (at the argmax p = exp(max x − lse)): logsumexp would
+        # make two more maps of the scores' size
+        lse = x.amax(dim=-1, keepdim=True) - probs.amax(dim=-1, keepdim=True).log()
+        probs = probs.to(scores.dtype)
+        out = probs @ v
+        ctx.save_for_backward(scores, v, out, lse)
+        ctx.set_materialize_grads(False)  # unused probabilities: None, not a map of zeros
+        return out, probs
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_probs):
+        scores, v, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        probs = (scores.float() - lse).exp_()
+        grad_scores = grad_v = None
+        if ctx.needs_input_grad[1]:
+            grad_v = probs.to(v.dtype).transpose(-2, -1) @ grad_out
+        if ctx.needs_input_grad[0]:
+            grad_p = (grad_out @ v.transpose(-2, -1)).float()
+            if grad_probs is not None:  # the returned probabilities were used
+                grad_p = grad_p.add_(grad_probs.float())
+                row = (grad_p * probs).sum(-1, keepdim=True)
+            else:
+                row = (grad_out.float() * out.float()).sum(-1, keepdim=True)
+            grad_scores = grad_p.sub_(row).mul_(probs).to(scores.dtype)
+        return grad_scores, grad_v
+
+
 class _ScoreAttention(SpatialReductionMixin, nn.Module):
     """What VA and LA layers share: PVT's key/value reduction, the heads, and the attention of
     explicit scores, ``proj(softmax(A) V)``."""
@@ -37,8 +81,14 @@ class _ScoreAttention(SpatialReductionMixin, nn.Module):
         """Scores ``(B, H, N, Nk)``, values ``(B, H, Nk, d)`` → output ``(B, N, H·d)`` and the
         probabilities."""
         b, h, n, _ = scores.shape
-        probs = masked_softmax(scores, key_mask)
-        out = (self.attn_drop(probs) @ v).transpose(1, 2).reshape(b, n, h * v.shape[-1])
+        if (key_mask is None and not (self.training and self.attn_drop.p > 0)
+                and torch.is_grad_enabled() and scores.requires_grad
+                and not torch.jit.is_tracing()):
+            out, probs = _SoftmaxValues.apply(scores, v)
+        else:
+            probs = masked_softmax(scores, key_mask)
+            out = self.attn_drop(probs) @ v
+        out = out.transpose(1, 2).reshape(b, n, h * v.shape[-1])
         return self.proj_drop(self.proj(out)), probs
 
 
