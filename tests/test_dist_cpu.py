@@ -168,3 +168,45 @@ def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, monkeypatch, faili
         assert '(SIGTERM)' in stopped[0]
     assert 'Iter(train) [3/9]' not in out
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize('error', ['peer', 'other'])
+def test_the_launchers_sigterm_during_the_report_does_not_silence_it(monkeypatch, capsys, error):
+    """A rank whose collective fails because its peer died is being reported when torchrun's
+    SIGTERM arrives (0.1 s after the failure): the one-line report still comes out and the rank
+    exits with status 1 (before, the signal raised inside the handler and the rank ended
+    without a word)."""
+    import signal
+
+    from mmeffvit.engine import errors
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'test')
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.delenv('TORCHELASTIC_ERROR_FILE', raising=False)
+    classify = errors._peer_failure
+
+    def sigterm_then_classify(err):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher, while the handler runs
+        return classify(err)
+
+    monkeypatch.setattr(errors, '_peer_failure', sigterm_then_classify)
+    message = ('Connection closed by peer' if error == 'peer' else
+               'rank 0 fails on its own')
+
+    def main(argv):
+        raise RuntimeError(message)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        if error == 'peer':
+            with pytest.raises(SystemExit) as exc:
+                errors.run_cli(main, [])
+            assert exc.value.code == 1
+            stopped = [line for line in capsys.readouterr().err.splitlines()
+                       if line.startswith('[rank 0] stopped: ')]
+            assert len(stopped) == 1 and 'another process' in stopped[0]
+        else:  # not a user's error: re-raised as it is, not replaced by LauncherStopped
+            with pytest.raises(RuntimeError, match='fails on its own'):
+                errors.run_cli(main, [])
+    finally:
+        signal.signal(signal.SIGTERM, previous)

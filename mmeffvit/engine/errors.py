@@ -114,12 +114,22 @@ class LauncherStopped(BaseException):
 
 def _say_stopped_by_peer(message: str) -> None:
     """One line on this rank; torchrun's record time-stamped after the failing rank's."""
+    _ignore_sigterm()
     _record_for_torchrun(message, message, delay=1)
     print(f'{_rank_prefix()}{message}', file=sys.stderr, flush=True)
 
 
 def _stop_on_sigterm(signum, frame):
     raise LauncherStopped()
+
+
+def _ignore_sigterm() -> None:
+    """While this rank reports why it stops: a peer's error reaches it first, torchrun's
+    SIGTERM follows 0.1 s later and would raise :class:`LauncherStopped` inside the handler,
+    before its one line is printed (the likely cause of a surviving rank that ended without a
+    word in ``test_a_failing_rank_ends_the_run_with_its_error`` under load)."""
+    if signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _under_torchrun() -> bool:
@@ -148,6 +158,8 @@ def run_cli(main: Callable, argv=None):
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: B902 - reported below, re-raised when not a user error
+        if _under_torchrun():
+            _ignore_sigterm()  # the report below must not be cut short by the launcher
         if _peer_failure(err):
             message = ('stopped: another process of this distributed run failed (its error is '
                        f'reported above and in the summary below); here: {err}')
