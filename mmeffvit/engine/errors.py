@@ -158,8 +158,7 @@ def run_cli(main: Callable, argv=None):
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: B902 - reported below, re-raised when not a user error
-        if _under_torchrun():
-            _ignore_sigterm()  # the report below must not be cut short by the launcher
+        _ignore_sigterm()  # the report below must not be cut short by the launcher
         if _peer_failure(err):
             message = ('stopped: another process of this distributed run failed (its error is '
                        f'reported above and in the summary below); here: {err}')

@@ -139,8 +139,7 @@ class _GeluLinear(torch.autograd.Function):
         if need_hidden:
             overwrite = ctx.owned and hidden.is_contiguous() and not _graph_kept()
             grad_hidden = hidden_2d if overwrite else torch.empty_like(hidden_2d)
-            grad_act = hidden_2d.new_empty(min(_gelu_block_rows(hidden_2d), len(hidden_2d)),
-                                           hidden_2d.shape[1])
+            grad_act = _block_buffer(hidden_2d)
         if need_weight:
             grad_weight = weight.new_zeros(weight.shape)
         if need_hidden or need_weight:
@@ -164,12 +163,18 @@ def _gelu_block_rows(hidden_2d):
     return max(64, _GELU_BLOCK_ELEMENTS // max(hidden_2d.shape[1], 1))
 
 
+def _block_buffer(hidden_2d):
+    """A reused ``(rows, width)`` buffer for one block of :func:`_gelu_blocks`."""
+    return hidden_2d.new_empty(min(_gelu_block_rows(hidden_2d), len(hidden_2d)),
+                               hidden_2d.shape[1])
+
+
 def _gelu_blocks(hidden_2d, compute=True):
     """``(row slice, gelu(h[rows]))`` over blocks of rows, the GELU written into one reused
     buffer (None when ``compute`` is False)."""
     n = hidden_2d.shape[0]
     step = _gelu_block_rows(hidden_2d)
-    buffer = hidden_2d.new_empty(min(step, n), hidden_2d.shape[1]) if compute else None
+    buffer = _block_buffer(hidden_2d) if compute else None
     for start in range(0, n, step):
         rows = slice(start, min(start + step, n))
         act = None
