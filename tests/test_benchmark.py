@@ -40,6 +40,18 @@ def test_fit_exponent_recovers_power_laws():
     assert abs(slope - 1.3) < 0.1
 
 
+def test_fit_growth_separates_what_each_pixel_adds_from_the_constant():
+    pixels = np.array([0.26, 1.05, 2.36])
+    small_constant, large_constant = 100 + 2000 * pixels, 600 + 2000 * pixels
+    assert report.fit_growth(pixels, small_constant) == pytest.approx(2000)
+    assert report.fit_growth(pixels, large_constant) == pytest.approx(2000)
+    # the same growth, yet the exponent of the total favours the larger constant
+    assert (report.fit_exponent(pixels, large_constant)
+            < report.fit_exponent(pixels, small_constant) - 0.1)
+    assert math.isnan(report.fit_growth([1.0, 1.0], [1.0, 2.0]))
+    assert math.isnan(report.fit_growth([1.0, 2.0], [1.0, None]))
+
+
 def test_fit_exponent_undefined_cases():
     assert math.isnan(report.fit_exponent([100, 100], [1.0, 2.0]))   # one distinct size
     assert math.isnan(report.fit_exponent([100, 400], [1.0, None]))  # a failed measurement
@@ -126,7 +138,12 @@ def test_report_tables_from_known_numbers():
     beyond = math.log((4 * 100 * 2**20 - 4e6) / (100 * 2**20 - 4e6)) / math.log(4)
     assert fits['Mine']['train_alloc_beyond_weights'] == pytest.approx(beyond)
     sweep = [line for line in md.splitlines() if line.startswith('| Mine |')][2]
-    assert sweep.rstrip(' |').endswith(f'1.00 | 1.00 | 1.00 | {beyond:.2f} | 0.00')
+    # growth: Mine (400 - 100) MiB over 0.03 Mpx; Peer (1600 - 400) MiB
+    assert fits['Mine']['train_alloc_growth'] == pytest.approx(1e4)
+    assert fits['Peer']['train_alloc_growth'] == pytest.approx(4e4)
+    assert sweep.rstrip(' |').endswith(f'1.00 | 1.00 | 1.00 | {beyond:.2f} | 0.00 | 10000 | 0.25×')
+    peer_sweep = [line for line in md.splitlines() if line.startswith('| Peer |')][1]
+    assert peer_sweep.rstrip(' |').endswith('| 40000 | –')
 
 
 def test_report_note():

@@ -28,6 +28,21 @@ def fit_exponent(pixels, values):
     return float(slope)
 
 
+def fit_growth(pixels, values):
+    """Slope ``s`` of ``value = a + s·pixels`` by least squares (NaN if undefined).
+
+    What each extra pixel adds. The exponent of :func:`fit_exponent` also reflects the constant
+    part ``a`` (weights, their gradients, padding waste at small sizes): of two models that add
+    the same memory per pixel, the one with the larger constant has the smaller exponent.
+    """
+    pts = [(p, v) for p, v in zip(pixels, values)
+           if v is not None and p > 0 and math.isfinite(v)]
+    if len({p for p, _ in pts}) < 2:
+        return float('nan')
+    slope, _ = np.polyfit([p for p, _ in pts], [v for _, v in pts], 1)
+    return float(slope)
+
+
 def shape_label(shape):
     h, w = shape
     return f'{h}²' if h == w else f'{h}×{w}'
@@ -76,7 +91,7 @@ def _fmt(value, digits=2, scale=1.0):
 
 
 def _ratio(value, ref):
-    if value is None or not ref:
+    if value is None or not ref or not math.isfinite(value / ref):
         return '–'
     return f'{value / ref:.2f}×'
 
@@ -229,6 +244,10 @@ def sweep_fits(data, stats=None):
             alloc, params = st.get('alloc_peak'), st.get('params')
             beyond.append(None if alloc is None or params is None else alloc - 4 * params)
         fits[c['name']]['train_alloc_beyond_weights'] = fit_exponent(pixels, beyond)
+        # MiB per megapixel
+        fits[c['name']]['train_alloc_growth'] = fit_growth(
+            [p / 1e6 for p in pixels],
+            [stats.get((c['name'], s, 'train'), {}).get('alloc_peak') for s in shapes]) / MIB
     return fits
 
 
@@ -242,21 +261,28 @@ def sweep_tables(data, stats):
              'Exponent *b* of a least-squares fit `value ∝ pixels^b` on log-log axes over '
              f"{', '.join(labels)} (1 = linear in the image area, 2 = quadratic). Times are the "
              'min over rounds. *beyond weights*: the allocator peak less the fp32 weights '
-             '(4 B × parameters), the part that can grow with the image.', '']
+             '(4 B × parameters), the part that can grow with the image. *growth*: slope of a '
+             'straight-line fit `alloc = a + s·pixels`, MiB per megapixel: what each pixel adds, '
+             'whatever the constant part.', '']
+    peers = {c['name']: c.get('peer') for c in data['cases']}
     rows = []
     for c in data['cases']:
-        name = c['name']
+        name, peer = c['name'], peers[c['name']]
         cells = [_fmt(stats.get((name, s, 'train'), {}).get('min'), 2) for s in shapes]
         cells += [_fmt(stats.get((name, s, 'train'), {}).get('alloc_peak'), 0, MIB)
                   for s in shapes]
         f = fits[name]
         cells += [_fmt(f['infer_time']), _fmt(f['train_time']), _fmt(f['train_alloc']),
-                  _fmt(f['train_alloc_beyond_weights']), _fmt(f['train_rss'])]
+                  _fmt(f['train_alloc_beyond_weights']), _fmt(f['train_rss']),
+                  _fmt(f['train_alloc_growth'], 0),
+                  _ratio(f['train_alloc_growth'], fits[peer]['train_alloc_growth'])
+                  if peer in fits else '–']
         rows.append([name] + cells)
     header = (['backbone'] + [f'train s {lb}' for lb in labels]
               + [f'train alloc MiB {lb}' for lb in labels]
               + ['b inference time', 'b train time', 'b train alloc',
-                 'b train alloc beyond weights', 'b train RSS'])
+                 'b train alloc beyond weights', 'b train RSS', 'train alloc growth MiB/Mpx',
+                 'growth ×peer'])
     lines += _md_table(header, rows)
     rows = []
     for c in data['cases']:
