@@ -33,16 +33,15 @@ def channels_last_weight(weight):
 def depthwise_weight_grad(x, grad_out, kernel_size, padding):
     """``dL/dw[c, 0, i, j] = Σ_{b,y,x} g[b, c, y, x] · x_pad[b, c, y+i, x+j]`` (stride 1).
 
-    One conv with ``groups = C``: the padded input ``(1, C·B, Hp, Wp)`` (channel ``c·B + b``) is
-    correlated with the output gradient ``(C, B, H, W)`` used as kernel, which also sums the
-    batch. For one image both operands are views of the tensors autograd holds.
+    One conv with ``groups = C``: the input ``(1, C·B, H, W)`` (channel ``c·B + b``), padded by the
+    conv, is correlated with the output gradient ``(C, B, H, W)`` used as kernel, which also sums
+    the batch. For one image both operands are views of the tensors autograd holds.
     """
     b, c = x.shape[:2]
-    ph, pw = padding
-    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
-    xp = xp.transpose(0, 1).reshape(1, c * b, *xp.shape[2:])
+    xs = x.transpose(0, 1).reshape(1, c * b, *x.shape[2:])
     kernel = grad_out.transpose(0, 1)
-    grad_w = F.conv2d(xp, kernel.to(xp.dtype), groups=c)
+    # the conv pads (no padded copy of the map: stage 2 of FLatten-Swin-T 15-29 → 11 ms)
+    grad_w = F.conv2d(xs, kernel.to(xs.dtype), padding=tuple(padding), groups=c)
     return grad_w.reshape(c, 1, *kernel_size)
 
 
