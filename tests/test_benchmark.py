@@ -221,8 +221,8 @@ def test_quick_run_end_to_end(tmp_path):
 def test_detector_mode(tmp_path):
     """--config: images/s of test_step and train_step of a detector and a segmentor."""
     out = tmp_path / 'det.md'
-    configs = [osp.join('configs', 'demo', 'mask_rcnn_flatten_pvt_t_shapes.py'),
-               osp.join('configs', 'demo', 'fpn_flatten_pvt_t_shapes.py')]
+    configs = [osp.join('configs', 'demo', 'mask_rcnn_flatten_pvt_t_1x_shapes.py'),
+               osp.join('configs', 'demo', 'fpn_flatten_pvt_t_80k_shapes.py')]
     proc = subprocess.run(
         [sys.executable, TOOL, '--config', *configs, '--shape', '96x128', '--batch', '2',
          '--rounds', '1', '--warmup', '0', '--threads', '1', '--out', str(out)],
