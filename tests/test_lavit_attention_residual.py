@@ -66,21 +66,41 @@ def test_residual_equals_conv_formulation_with_gradients(case):
         torch.testing.assert_close(got[name], want[name], msg=name)
 
 
-def test_traced_reference_equals_autograd_function():
+def test_traced_path_is_the_official_two_convs_and_equals_the_function():
     torch.manual_seed(0)
-    for k, out_hw in ((2, (4, 5)), (3, (4, 5))):
-        attn = torch.randn(2, 3, 7, 9, 6)
-        weight = torch.randn(4, 3, k, k)
+    for k in (2, 3):
+        attn = torch.randn(2, 3, 63, 6)  # query grid 7x9, 6 keys
         ar = AttentionResidualDownsample(3, 4, kernel_size=k)
-        ar.dwconv.weight.data.copy_(torch.randn(3, 1, k, k))
+        for p in ar.parameters():  # constants of the traced function
+            p.requires_grad_(False).normal_()
+        weight, _ = ar.folded()
+        out_hw = ar.out_grid((7, 9))
         with torch.no_grad():
-            ref = query_grid_conv_reference(attn, weight, 2, out_hw)
-            traced = torch.jit.trace(
-                lambda a: ar._conv(a, (7, 9), out_hw, weight), attn.reshape(2, 3, 63, 6))
-            torch.testing.assert_close(traced(attn.reshape(2, 3, 63, 6)).reshape(ref.shape), ref)
+            ref = query_grid_conv_reference(attn.reshape(2, 3, 7, 9, 6), weight, 2, out_hw)
+            traced = torch.jit.trace(lambda a: ar._conv(a, (7, 9), out_hw, weight), attn)
+            torch.testing.assert_close(traced(attn).reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(
-                ar._conv(attn.reshape(2, 3, 63, 6), (7, 9), out_hw, weight).reshape(ref.shape),
-                ref, rtol=1e-5, atol=1e-5)
+                ar._conv(attn, (7, 9), out_hw, weight).reshape(ref.shape), ref, rtol=1e-5,
+                atol=1e-5)
+
+
+def test_counted_macs_are_those_of_the_official_depthwise_and_pointwise_convs():
+    from mmeffvit.analysis.complexity import analyze
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ar = AttentionResidualDownsample(3, 4, kernel_size=2)
+
+        def forward(self, attn):
+            return self.ar(attn, (7, 9), (2, 3))
+
+    report = analyze(Residual(), torch.randn(2, 3, 63, 6))
+    outputs = 2 * 6 * 4 * 5  # images x keys x the 4x5 downsampled query grid
+    # depthwise: 3 maps x 2x2 taps; pointwise: 4 x 3; the folded kernel would count 4 x 3 x 2x2
+    assert report.by_operator['conv'] == outputs * (3 * 4 + 4 * 3)
+    # and once per call the folded bias (pointwise weight x depthwise bias, parameters only)
+    assert report.macs == outputs * (3 * 4 + 4 * 3) + 4 * 3
 
 
 def cut_into_windows(res, q_hw, k_hw, n_win, q_win, k_win):

@@ -30,7 +30,7 @@ def _taps(in_len, out_len, kernel, stride):
 
 def query_grid_conv_reference(attn, weight, stride, out_hw):
     """What :class:`_QueryGridConv` computes, in plain differentiable operators (zero-padded
-    copy of the map, one ``einsum`` per kernel tap): used when tracing."""
+    copy of the map, one ``einsum`` per kernel tap with the folded kernel): the tests' check."""
     k = weight.shape[-1]
     span = [(n - 1) * stride + k for n in out_hw]
     attn = F.pad(attn, (0, 0, 0, max(span[1] - attn.shape[3], 0),
@@ -184,11 +184,27 @@ class AttentionResidualDownsample(BaseModule):
         b, h, _, nk = attn.shape
         grid = attn.reshape(b, h, *q_hw, nk)
         weight = weight.to(attn.dtype)  # the scores' dtype, as a conv under autocast
-        if torch.jit.is_tracing():  # what a MAC counter can see: one einsum per kernel tap
-            out = query_grid_conv_reference(grid, weight, self.stride, out_hw)
+        if torch.jit.is_tracing():  # what a MAC counter sees: the official dwconv → pwconv
+            out = self._unfolded_conv(grid, out_hw)
         else:
             out = _QueryGridConv.apply(grid, weight, self.stride, tuple(out_hw))
         return out.reshape(b, self.out_heads, out_hw[0] * out_hw[1], nk)
+
+    def _unfolded_conv(self, grid, out_hw):
+        """:meth:`_conv` as the official two convs (depthwise k×k, then 1×1; keys as batch),
+        without bias: counted, the folded ``(out, in, k, k)`` kernel would charge
+        ``out·in·k²`` multiply-adds per output instead of the model's ``in·k² + out·in``."""
+        b, h, hq, wq, nk = grid.shape
+        maps = grid.permute(0, 4, 1, 2, 3).reshape(b * nk, h, hq, wq)
+        span = [(n - 1) * self.stride + self.dwconv.kernel_size[0] for n in out_hw]
+        maps = F.pad(maps, (0, max(span[1] - wq, 0), 0, max(span[0] - hq, 0)))
+        x = F.conv2d(maps, self.dwconv.weight.to(maps.dtype), stride=self.stride, groups=h)
+        x = x[..., :out_hw[0], :out_hw[1]]
+        pointwise = self.pwconv.weight
+        if self.gamma is not None:
+            pointwise = pointwise * self.gamma.view(-1, 1, 1, 1)
+        x = F.conv2d(x, pointwise.to(x.dtype))
+        return x.reshape(b, nk, self.out_heads, *out_hw).permute(0, 2, 3, 4, 1)
 
     def forward(self, attn, q_hw, k_hw, out_k_hw=None):
         """Args:
