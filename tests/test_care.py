@@ -10,6 +10,7 @@ import mmeffvit  # noqa: F401
 from mmeffvit.models import CARE
 from mmeffvit.models.backbones.care import TokenMixer
 from mmeffvit.analysis import analyze
+from mmeffvit.ops import load_ext
 from amp_check import AMP_DTYPES, check_autocast_against_fp32
 from golden_care_l2vit import check_stages, fill, load_record, official_state_dict
 
@@ -62,7 +63,8 @@ def test_macs_match_official_with_and_without_compiled_ops(arch):
         assert not report.unsupported_ops
         assert round((report.macs + heads) / 1e9, 3) == OFFICIAL[arch][1], report.by_operator
     assert reports[0].macs == reports[1].macs
-    assert reports[0].by_operator['matmul'] == reports[1].by_operator['linear_attention'] > 0
+    if load_ext() is not None:  # without the build both reports trace the reference
+        assert reports[0].by_operator['matmul'] == reports[1].by_operator['linear_attention'] > 0
 
 
 def test_official_key_layout():
