@@ -126,7 +126,8 @@ def test_report_tables_from_known_numbers():
     md = report.render_markdown(data)
     speed = _row(md, 'Mine')  # the first table with a 'Mine' row is the speed table
     # 200²: Mine inference 2 s (min of 2, 3), peer 8 s → 0.25×; training 12 / 32 → 0.38×
-    assert speed[4] == '2.000 / 2.500' and speed[8] == '0.25×' and speed[9] == '0.38×'
+    assert speed[4] == '2.000 / 2.500'
+    assert speed[8] == '0.25× / 0.25×' and speed[9] == '0.38× / 0.38×'  # min / median
     assert speed[6] == '4.0'                      # 8 GMACs / 2 s
     assert speed[7] == '4 %'                      # of the GEMM's 1e9 MACs / 0.01 s = 100 GMAC/s
     fits = report.sweep_fits(data)
@@ -146,6 +147,16 @@ def test_report_tables_from_known_numbers():
     assert peer_sweep.rstrip(' |').endswith('| 40000 | –')
 
 
+def test_speed_ratio_of_minima_and_of_medians_differ_when_the_peer_had_one_lucky_round():
+    data = _synthetic_data()
+    for m in data['measurements']:
+        if m['name'] == 'Peer' and m['mode'] == 'infer' and m['shape'] == [200, 200]:
+            m['result']['times'] = [4.0, 10.0, 10.0]  # one fast round of three
+    speed = _row(report.render_markdown(data), 'Mine')
+    # Mine: times 2.0 and 3.0 (min 2.0, median 2.5); the peer min 4.0, median 10.0
+    assert speed[8] == '0.50× / 0.25×'
+
+
 def test_report_note():
     data = _synthetic_data()
     assert '**Note.**' not in report.render_markdown(data)
@@ -158,7 +169,7 @@ def test_report_marks_failures():
     data['measurements'][-1]['result'] = dict(error='RuntimeError: out of memory')
     md = report.render_markdown(data)
     assert 'Mine 200² train: RuntimeError: out of memory' in md
-    assert _row(md, 'Mine')[5] == '– / –' and _row(md, 'Mine')[9] == '–'
+    assert _row(md, 'Mine')[5] == '– / –' and _row(md, 'Mine')[9] == '– / –'
 
 
 def test_quick_run_end_to_end(tmp_path):
@@ -213,7 +224,7 @@ def test_quick_run_end_to_end(tmp_path):
     assert row[2] == f'{expected.params / 1e6:.2f}'
     mine, peer = stats[('FLatten-PVTv2-B0', (96, 128), 'infer')], \
         stats[('PVTv2-B0', (96, 128), 'infer')]
-    assert row[8] == f"{mine['min'] / peer['min']:.2f}×"
+    assert row[8] == f"{mine['min'] / peer['min']:.2f}× / {mine['median'] / peer['median']:.2f}×"
     assert '## Resolution sweep' in md and 'b train alloc' in md
 
 

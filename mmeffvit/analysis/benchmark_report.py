@@ -161,7 +161,8 @@ def _method_lines(data):
         'one multiply-add, the number papers call FLOPs); *GMAC/s* = GMACs / inference min '
         'time, next to the rate of an fp32 `n×n` GEMM measured in the same run with the same '
         'threads. *×peer*: ratio to the softmax backbone of mmdet that users would otherwise '
-        'pick (lower is better).', '']
+        'pick (lower is better); for times the ratio of the two minima and that of the two '
+        'medians over rounds.', '']
 
 
 def backbone_tables(data):
@@ -185,6 +186,13 @@ def backbone_tables(data):
     def get(name, mode, field, shape=main):
         return stats.get((name, shape, mode), {}).get(field)
 
+    def speed_ratios(name, peer, mode):
+        # the min picks each side's best round, the median its typical one (rounds interleave)
+        if not peer:
+            return '–'
+        return ' / '.join(_ratio(get(name, mode, f), get(peer, mode, f))
+                          for f in ('min', 'median'))
+
     rows = []
     for c in cases:
         name, peer = c['name'], peers[c['name']]
@@ -199,12 +207,12 @@ def backbone_tables(data):
             f"{_fmt(t_inf, 3)} / {_fmt(get(name, 'infer', 'median'), 3)}",
             f"{_fmt(t_train, 3)} / {_fmt(get(name, 'train', 'median'), 3)}",
             _fmt(rate, 1), f'{100 * rate / gemm["best"]:.0f} %' if rate and gemm else '–',
-            _ratio(t_inf, get(peer, 'infer', 'min')) if peer else '–',
-            _ratio(t_train, get(peer, 'train', 'min')) if peer else '–'])
+            speed_ratios(name, peer, 'infer'), speed_ratios(name, peer, 'train')])
     lines += ['### Speed', '']
     lines += _md_table(['backbone', 'peer', 'params M', 'GMACs', 'inference s min / median',
-                        'train step s min / median', 'GMAC/s', '% of GEMM', 'inference ×peer',
-                        'train ×peer'], rows, ['---', '---'] + ['--:'] * 8)
+                        'train step s min / median', 'GMAC/s', '% of GEMM',
+                        'inference ×peer min / median', 'train ×peer min / median'], rows,
+                       ['---', '---'] + ['--:'] * 8)
     rows = []
     for c in cases:
         name, peer = c['name'], peers[c['name']]
