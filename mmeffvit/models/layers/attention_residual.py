@@ -28,13 +28,18 @@ def _taps(in_len, out_len, kernel, stride):
     return [max(0, min(out_len, -(-(in_len - i) // stride))) for i in range(kernel)]
 
 
+def _tail_padding(in_hw, out_hw, kernel, stride):
+    """Rows and columns of zeros a stride-``stride`` ``kernel``² conv of an ``in_hw`` map needs
+    at the bottom/right to give ``out_hw`` outputs."""
+    return [max((n - 1) * stride + kernel - m, 0) for m, n in zip(in_hw, out_hw)]
+
+
 def query_grid_conv_reference(attn, weight, stride, out_hw):
     """What :class:`_QueryGridConv` computes, in plain differentiable operators (zero-padded
     copy of the map, one ``einsum`` per kernel tap with the folded kernel): the tests' check."""
     k = weight.shape[-1]
-    span = [(n - 1) * stride + k for n in out_hw]
-    attn = F.pad(attn, (0, 0, 0, max(span[1] - attn.shape[3], 0),
-                        0, max(span[0] - attn.shape[2], 0)))
+    pad_h, pad_w = _tail_padding(attn.shape[2:4], out_hw, k, stride)
+    attn = F.pad(attn, (0, 0, 0, pad_w, 0, pad_h))
     out = 0
     for i in range(k):
         for j in range(k):
@@ -196,8 +201,8 @@ class AttentionResidualDownsample(BaseModule):
         ``out·in·k²`` multiply-adds per output instead of the model's ``in·k² + out·in``."""
         b, h, hq, wq, nk = grid.shape
         maps = grid.permute(0, 4, 1, 2, 3).reshape(b * nk, h, hq, wq)
-        span = [(n - 1) * self.stride + self.dwconv.kernel_size[0] for n in out_hw]
-        maps = F.pad(maps, (0, max(span[1] - wq, 0), 0, max(span[0] - hq, 0)))
+        pad_h, pad_w = _tail_padding((hq, wq), out_hw, self.dwconv.kernel_size[0], self.stride)
+        maps = F.pad(maps, (0, pad_w, 0, pad_h))
         x = F.conv2d(maps, self.dwconv.weight.to(maps.dtype), stride=self.stride, groups=h)
         x = x[..., :out_hw[0], :out_hw[1]]
         pointwise = self.pwconv.weight
