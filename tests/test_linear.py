@@ -250,3 +250,71 @@ def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
                          torch.autograd.grad(expected, inputs, grad_out)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
+
+
+def _residual_reference(x, norm, mlp):
+    """``x + fc2(gelu(fc1(layer_norm(x))))`` written with torch's functional operators."""
+    y = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    y = F.linear(F.gelu(F.linear(y, mlp.fc1.weight, mlp.fc1.bias)), mlp.fc2.weight, mlp.fc2.bias)
+    return x + y
+
+
+def _residual_case(tokens=300, dims=24, hidden=96):
+    from mmeffvit.models.layers import LayerNormFP32
+    torch.manual_seed(0)
+    norm, mlp = LayerNormFP32(dims).eval(), Mlp(dims, hidden).eval()
+    with torch.no_grad():  # non-trivial affine parameters
+        norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+    return torch.randn(2, tokens, dims) * 2, norm, mlp
+
+
+@needs_onednn
+def test_mlp_residual_runs_in_place_in_row_blocks_and_equals_the_plain_expression(monkeypatch):
+    x, norm, mlp = _residual_case()
+    monkeypatch.setattr(linear_module, '_MLP_BLOCKED_MIN_ELEMENTS', 1000)
+    monkeypatch.setattr(linear_module, '_MLP_BLOCK_ELEMENTS', 96 * 128)  # 128 rows per block
+    rows_seen = []
+    fused = linear_module.fused_linear
+
+    def spy(inp, weight, bias, activation='none'):
+        rows_seen.append(inp.shape[0])
+        return fused(inp, weight, bias, activation)
+
+    monkeypatch.setattr(linear_module, 'fused_linear', spy)
+    expected = _residual_reference(x, norm, mlp)
+    owned = x.clone()
+    with torch.no_grad():
+        out = linear_module.mlp_residual(owned, norm, mlp, torch.nn.Identity(), owned=True)
+    assert out is owned  # written over the caller's tensor
+    # 600 rows: blocks of 128, 128, 128, 128, 88, each through fc1 and fc2
+    assert rows_seen == [128, 128, 128, 128, 128, 128, 128, 128, 88, 88]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize('case', ['not owned', 'grad', 'training', 'hook', 'batch norm',
+                                  'drop path', 'small map'])
+def test_mlp_residual_is_the_plain_expression_where_blocks_do_not_apply(monkeypatch, case):
+    from timm.layers import DropPath
+    x, norm, mlp = _residual_case()
+    monkeypatch.setattr(linear_module, '_MLP_BLOCKED_MIN_ELEMENTS',
+                        10**9 if case == 'small map' else 1000)
+    drop_path, owned, grad = torch.nn.Identity(), case != 'not owned', case == 'grad'
+    if case == 'training':
+        mlp.train()
+    if case == 'hook':
+        mlp.fc1.register_forward_hook(lambda *args: None)
+    if case == 'batch norm':
+        norm = torch.nn.BatchNorm1d(300).eval()
+    if case == 'drop path':
+        drop_path = DropPath(0.5).train()
+    torch.manual_seed(1)
+    expected = (x + drop_path(mlp(norm(x)))) if case in ('training', 'drop path') else None
+    x_before = x.clone()
+    torch.manual_seed(1)
+    with torch.set_grad_enabled(grad):
+        out = linear_module.mlp_residual(x, norm, mlp, drop_path, owned=owned)
+    assert out is not x and torch.equal(x, x_before)  # a new tensor, the input untouched
+    if expected is None:
+        expected = (x + mlp(norm(x))) if case == 'batch norm' else _residual_reference(x, norm, mlp)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
-from ..layers.linear import Linear, Mlp
+from ..layers.linear import Linear, Mlp, mlp_residual
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -225,7 +225,7 @@ class FLattenCSWinBlock(nn.Module):
             for attn, sl in zip(self.attns, (slice(0, half), slice(half, None))):
                 attn(q[..., sl], k[..., sl], v[..., sl], hw, out=out[..., sl])
         x = x + self.drop_path(self.proj(out))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 @register_model

@@ -9,7 +9,7 @@ from ...registry import register_model
 from ... import ops
 from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
-from ..layers.linear import Mlp
+from ..layers.linear import Mlp, mlp_residual
 from .base import EffBackbone, resolve_arch
 
 _CLS_MODES = ('full', 'query')
@@ -98,7 +98,7 @@ class FLattenDeiTBlock(nn.Module):
 
     def forward(self, x, hw_shape):
         x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 def simple_pyramid(embed_dims):

@@ -9,7 +9,7 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import tokens_to_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
-from ..layers.linear import Linear, Mlp
+from ..layers.linear import Linear, Mlp, mlp_residual
 from ..layers.relative_position import cached_shifted_window_mask
 from ..layers.window import pad_to_windows, window_order, window_order_inverse
 from .base import EffBackbone, check_stage_args, resolve_arch
@@ -83,7 +83,7 @@ class FLattenSwinBlock(nn.Module):
         else:
             y = self.shifted_window_attention(y, hw_shape)
         x = x + self.drop_path(y)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 class PatchMerging(nn.Module):

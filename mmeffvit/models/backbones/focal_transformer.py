@@ -16,7 +16,7 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
-from ..layers.linear import Linear, Mlp
+from ..layers.linear import Linear, Mlp, mlp_residual
 from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
                                         gathered_biased_attention, relative_position_index,
                                         resize_bias_table, reused_gather_buffer, tables_key,
@@ -358,7 +358,7 @@ class FocalTransformerBlock(nn.Module):
         y = self.attn(y, pooled, *geometry)
         y = y[:, :height, :width].reshape(b, n, c)
         x = x + self.drop_path(y)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 def focal_patch_embed(in_channels, embed_dims, stride, conv=False, stem=False):

@@ -8,7 +8,7 @@ from ...registry import register_model
 from ...utils import map_to_tokens, split_heads, tokens_to_map
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.clamped_linear_attention import clamped_linear_attention
-from ..layers.linear import Linear, Mlp
+from ..layers.linear import Linear, Mlp, mlp_residual
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -92,7 +92,7 @@ class LWABlock(nn.Module):
         y = window_reverse(self.attn(window_partition(y, ws)), ws, hp, wp)
         y = y[:, :h, :w].reshape(b, n, c)
         x = self.cpe[1](shortcut + self.drop_path(y), hw_shape)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 class LGABlock(nn.Module):
@@ -114,7 +114,7 @@ class LGABlock(nn.Module):
         x = self.cpe[0](x, hw_shape)
         x = x + self.drop_path(self.attn(self.norm1(x)))
         x = x + self.drop_path(self.local_mp(self.norm3(x), hw_shape))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
 
 class ConvStem(nn.Module):

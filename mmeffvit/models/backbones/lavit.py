@@ -13,7 +13,7 @@ from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample
 from ..layers.less_attention import LessAttention, VanillaAttention
-from ..layers.linear import Mlp
+from ..layers.linear import Mlp, mlp_residual
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -58,7 +58,8 @@ class LaViTBlock(nn.Module):
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, residual, key_mask,
                                                need_scores=need_scores)
         x = x + self.drop_path(y)
-        return x + self.drop_path(self.mlp(self.norm2(x))), scores, probs, k_hw
+        return (mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True), scores, probs,
+                k_hw)
 
 
 def _windows(x, hw, win):

@@ -4,7 +4,7 @@ from timm.layers import DropPath
 
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
-from .linear import Linear, Mlp, gelu_linear
+from .linear import Linear, Mlp, gelu_linear, mlp_residual
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 
@@ -99,5 +99,6 @@ class FLattenPVTBlock(nn.Module):
 
     def forward(self, x, hw_shape):
         x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        y = self.norm2(x)
-        return x + self.drop_path(self.mlp(y, hw_shape) if self.conv_mlp else self.mlp(y))
+        if not self.conv_mlp:
+            return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
+        return x + self.drop_path(self.mlp(self.norm2(x), hw_shape))
