@@ -1,4 +1,5 @@
-"""DepthwiseConv2d (channels-last brick, grouped weight gradient) and the token-grid resize."""
+"""DepthwiseConv2d (channels-last brick, mmeffvit's weight gradient: the compiled operator or the
+grouped-conv reference) and the token-grid resize."""
 import copy
 import pickle
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from mmeffvit.models.layers import DepthwiseConv2d
 from mmeffvit.models.layers import depthwise_conv
+from mmeffvit.ops import depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref, load_ext
 from mmeffvit.utils import TokenGridResizeCache, resize_token_grid
 
 
@@ -21,11 +23,15 @@ def _reference(conv, x_map, repeats=1):
 @pytest.mark.parametrize('kernel,channels,repeats', [(3, 6, 1), (5, 64, 1), (5, 32, 2),
                                                      ((7, 1), 64, 1), ((1, 11), 8, 1)])
 @pytest.mark.parametrize('batch', [1, 2])
-def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, batch,
+@pytest.mark.parametrize('ops', ['compiled', 'reference'])
+def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, batch, ops,
                                                    monkeypatch):
-    # the grouped weight gradient is exercised on every case, small ones included
-    monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_KERNEL', 1)
+    # mmeffvit's weight gradient is exercised on every case, small ones included
+    monkeypatch.setattr(depthwise_conv, 'CUSTOM_WEIGHT_GRAD_MIN_KERNEL', 1)
     monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
+    if ops == 'compiled' and load_ext() is None:
+        pytest.skip('mmeffvit._ext not built')
+    monkeypatch.setenv('MMEFFVIT_OPS', '1' if ops == 'compiled' else '0')
     torch.manual_seed(0)
     conv = DepthwiseConv2d(channels, kernel).double()
     h, w = 9, 13
@@ -44,11 +50,15 @@ def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, ba
         torch.testing.assert_close(g, e)
 
 
-def test_gradcheck_custom_weight_gradient(monkeypatch):
+@pytest.mark.parametrize('ops', ['compiled', 'reference'])
+def test_gradcheck_custom_weight_gradient(monkeypatch, ops):
     monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
+    if ops == 'compiled' and load_ext() is None:
+        pytest.skip('mmeffvit._ext not built')
+    monkeypatch.setenv('MMEFFVIT_OPS', '1' if ops == 'compiled' else '0')
     conv = DepthwiseConv2d(3, 5).double()
     x = torch.randn(2, 3, 6, 7, dtype=torch.float64, requires_grad=True)
-    assert conv._use_grouped_weight_grad(x, conv.weight)
+    assert conv._use_custom_weight_grad(x, conv.weight)
 
     def fn(x, weight, bias):
         return depthwise_conv._DepthwiseConvFunction.apply(x, weight, bias, conv.padding)
@@ -112,3 +122,86 @@ def test_resize_cache_reuses_only_without_grad_and_tracks_updates():
         b = cache(param, (4, 4), (5, 5))
         torch.testing.assert_close(b, resize_token_grid(param, (4, 4), (5, 5)))
     assert copy.deepcopy(cache).value is None and pickle.loads(pickle.dumps(cache)).key is None
+
+
+needs_ext = pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
+
+
+def _weight_grad_by_autograd(x, grad_out, kernel_size, padding):
+    """float64 autograd of torch's depthwise conv on NCHW-contiguous copies (independent)."""
+    x = x.detach().double().contiguous()
+    weight = torch.zeros(x.shape[1], 1, *kernel_size, dtype=torch.float64, requires_grad=True)
+    out = F.conv2d(x, weight, padding=padding, groups=x.shape[1])
+    return torch.autograd.grad(out, weight, grad_out.double().contiguous())[0]
+
+
+@needs_ext
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('batch,channels,hw,kernel,padding', [
+    (1, 96, (20, 33), (5, 5), (2, 2)),    # FLatten's DWC
+    (2, 40, (9, 13), (5, 5), (2, 2)),     # channels not a multiple of the register block
+    (1, 8, (7, 6), (3, 3), (1, 1)),
+    (3, 5, (6, 11), (7, 1), (3, 0)),      # one-sided kernels
+    (1, 16, (5, 9), (4, 2), (1, 0)),      # even kernel: output smaller than the input
+    (1, 12, (3, 4), (5, 5), (2, 2)),      # kernel larger than the map
+])
+def test_compiled_weight_grad_matches_autograd_on_token_views(dtype, batch, channels, hw,
+                                                             kernel, padding, monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    torch.manual_seed(0)
+    h, w = hw
+    # x is the v slice of a fused (B, H*W, 3C) projection: token stride 3C, read in place
+    qkv = torch.randn(batch, h * w, 3 * channels, dtype=dtype)
+    x = qkv[..., 2 * channels:].transpose(1, 2).reshape(batch, channels, h, w)
+    ho, wo = h + 2 * padding[0] - kernel[0] + 1, w + 2 * padding[1] - kernel[1] + 1
+    grad = torch.randn(batch, ho * wo, channels, dtype=dtype).transpose(1, 2).reshape(
+        batch, channels, ho, wo)
+    got = depthwise_conv_weight_grad(x, grad, kernel, padding)
+    expected = _weight_grad_by_autograd(x, grad, kernel, padding)
+    assert got.shape == (channels, 1, *kernel) and got.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got.double(), expected, **tol)
+    # an NCHW-contiguous grad (converted inside) gives the same
+    torch.testing.assert_close(depthwise_conv_weight_grad(x, grad.contiguous(), kernel, padding),
+                               got, rtol=1e-6, atol=1e-6)
+    ref = depthwise_conv_weight_grad_ref(x, grad, kernel, padding)
+    torch.testing.assert_close(ref.double(), expected, **tol)
+
+
+@needs_ext
+def test_compiled_weight_grad_is_independent_of_the_thread_count():
+    torch.manual_seed(0)
+    x = torch.randn(1, 48, 37, 29).to(memory_format=torch.channels_last)
+    grad = torch.randn(1, 48, 37, 29).to(memory_format=torch.channels_last)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(load_ext().depthwise_conv_weight_grad(x, grad, 5, 5, 2, 2))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+@needs_ext
+@pytest.mark.parametrize('case,message', [
+    ('3d', 'expects \\(B, C, H, W\\)'),
+    ('dtypes', 'float32 or float64'),
+    ('grad shape', 'grad must be'),
+    ('padding', 'bad kernel'),
+])
+def test_compiled_weight_grad_rejects_bad_arguments(case, message):
+    ext = load_ext()
+    x, grad = torch.randn(1, 4, 6, 6), torch.randn(1, 4, 6, 6)
+    args = dict(kh=3, kw=3, ph=1, pw=1)
+    if case == '3d':
+        x = x[0]
+    elif case == 'dtypes':
+        grad = grad.double()
+    elif case == 'grad shape':
+        grad = grad[:, :, :5]
+    else:
+        args['ph'] = -1
+    with pytest.raises(RuntimeError, match=message):
+        ext.depthwise_conv_weight_grad(x, grad, **args)

@@ -5,7 +5,8 @@ channels-last memory. With the default ``(C, 1, k, k)`` weight strides oneDNN co
 input to NCHW, runs its slow NCHW depthwise kernel and returns NCHW, which the next token op
 copies back; with channels-last weight strides it runs the vectorised NHWC kernel on the view and
 returns a map whose token view is contiguous. For kernels of 5 and more oneDNN's weight gradient
-is also slow on a CPU; it is computed here as one grouped conv instead. Measurements:
+is also slow on a CPU; it is computed here by mmeffvit's compiled operator (one pass over the
+token maps, read in place), or without it as one grouped conv. Measurements:
 ``docs/profiles.md`` (causes 1 and 2) and ``tools/analysis/depthwise_conv_check.py``.
 """
 import torch
@@ -13,10 +14,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-#: smallest kernel side and channel count for which the grouped-conv weight gradient beat
-#: oneDNN's channels-last one on a CPU (measured: k = 5, 7 with 64-384 channels 1.2-2.2x
-#: faster at 1 thread; 3x3 kernels and 8-channel maps 1.3-4x slower)
-GROUPED_WEIGHT_GRAD_MIN_KERNEL = 5
+from ...ops import depthwise_conv_weight_grad
+from ...ops.depthwise_conv import compiled_weight_grad_applies
+
+#: smallest kernel side for which mmeffvit's weight gradient replaces oneDNN's on a CPU
+#: (compiled operator, 2 threads: k = 5 at 8-192 channels 1-7x faster, the FLatten stage-1
+#: map 200×334×96 15 ms against 70-107; 3×3 kernels about equal, slower at 8 channels)
+CUSTOM_WEIGHT_GRAD_MIN_KERNEL = 5
+#: without the compiled operator, the grouped-conv formulation pays only from this many
+#: channels (k = 5, 7 with 64-384 channels 1.2-2.2x faster than oneDNN at 1 thread; 3x3 kernels
+#: and 8-channel maps 1.3-4x slower)
 GROUPED_WEIGHT_GRAD_MIN_CHANNELS = 64
 
 
@@ -30,23 +37,9 @@ def channels_last_weight(weight):
     return weight.to(memory_format=torch.channels_last)
 
 
-def depthwise_weight_grad(x, grad_out, kernel_size, padding):
-    """``dL/dw[c, 0, i, j] = Σ_{b,y,x} g[b, c, y, x] · x_pad[b, c, y+i, x+j]`` (stride 1).
-
-    One conv with ``groups = C``: the input ``(1, C·B, H, W)`` (channel ``c·B + b``), padded by the
-    conv, is correlated with the output gradient ``(C, B, H, W)`` used as kernel, which also sums
-    the batch. For one image both operands are views of the tensors autograd holds.
-    """
-    b, c = x.shape[:2]
-    xs = x.transpose(0, 1).reshape(1, c * b, *x.shape[2:])
-    kernel = grad_out.transpose(0, 1)
-    # the conv pads (no padded copy of the map: stage 2 of FLatten-Swin-T 15-29 → 11 ms)
-    grad_w = F.conv2d(xs, kernel.to(xs.dtype), padding=tuple(padding), groups=c)
-    return grad_w.reshape(c, 1, *kernel_size)
-
-
 class _DepthwiseConvFunction(torch.autograd.Function):
-    """Stride-1 depthwise conv: oneDNN forward and input gradient, grouped-conv weight gradient."""
+    """Stride-1 depthwise conv: oneDNN forward and input gradient, mmeffvit's weight gradient
+    (:func:`mmeffvit.ops.depthwise_conv_weight_grad`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, padding):
@@ -65,7 +58,8 @@ class _DepthwiseConvFunction(torch.autograd.Function):
                 grad_out, x, weight, None, [1, 1], list(ctx.padding), [1, 1], False, [0, 0],
                 weight.shape[0], [True, False, False])[0]
         if ctx.needs_input_grad[1]:
-            grad_w = depthwise_weight_grad(x, grad_out, weight.shape[2:], ctx.padding)
+            grad_w = depthwise_conv_weight_grad(x, grad_out, tuple(weight.shape[2:]),
+                                                tuple(ctx.padding))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum((0, 2, 3))
         return grad_x, grad_w, grad_b, None
@@ -82,9 +76,10 @@ class DepthwiseConv2d(nn.Conv2d):
       ``(B, C, H, W)`` view of ``(B, H*W, C)`` tokens) is convolved without copies and the output
       is channels-last, whose token view is contiguous;
     * on a CPU, in fp32/fp64 outside autocast, kernels of at least
-      :data:`GROUPED_WEIGHT_GRAD_MIN_KERNEL` on at least :data:`GROUPED_WEIGHT_GRAD_MIN_CHANNELS`
-      channels get their weight gradient from one grouped conv (:func:`depthwise_weight_grad`),
-      faster than oneDNN's there.
+      :data:`CUSTOM_WEIGHT_GRAD_MIN_KERNEL` get their weight gradient from
+      :func:`mmeffvit.ops.depthwise_conv_weight_grad` (compiled; without the compiled operators
+      as one grouped conv, from :data:`GROUPED_WEIGHT_GRAD_MIN_CHANNELS` channels), faster than
+      oneDNN's there.
 
     Args:
         channels (int): Channels C (in and out).
@@ -111,9 +106,10 @@ class DepthwiseConv2d(nn.Conv2d):
         super().__init__(channels, channels, kernel_size, padding=padding, groups=channels,
                          bias=bias)
 
-    def _use_grouped_weight_grad(self, x, weight):
-        return (x.device.type == 'cpu' and max(self.kernel_size) >= GROUPED_WEIGHT_GRAD_MIN_KERNEL
-                and x.shape[1] >= GROUPED_WEIGHT_GRAD_MIN_CHANNELS
+    def _use_custom_weight_grad(self, x, weight):
+        return (x.device.type == 'cpu' and max(self.kernel_size) >= CUSTOM_WEIGHT_GRAD_MIN_KERNEL
+                and (x.shape[1] >= GROUPED_WEIGHT_GRAD_MIN_CHANNELS
+                     or compiled_weight_grad_applies(x))
                 and torch.is_grad_enabled() and weight.requires_grad
                 and not torch.is_autocast_enabled('cpu')
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype)
@@ -134,7 +130,7 @@ class DepthwiseConv2d(nn.Conv2d):
             raise ValueError(f'input has {x.shape[1]} channels, the conv expects '
                              f'{weight.shape[0]} ({self.in_channels} × repeats {repeats})')
         weight = channels_last_weight(weight)
-        if self._use_grouped_weight_grad(x, weight):
+        if self._use_custom_weight_grad(x, weight):
             out = _DepthwiseConvFunction.apply(x, weight, bias, self.padding)
         else:
             out = F.conv2d(x, weight, bias, padding=self.padding, groups=weight.shape[0])

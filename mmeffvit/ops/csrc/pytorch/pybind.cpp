@@ -1,6 +1,7 @@
 // Python bindings of mmeffvit._ext (the one translation unit that includes pybind11).
 #include <torch/extension.h>
 
+#include "depthwise_conv.h"
 #include "linear_attention.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -23,5 +24,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "focusing function + kv-first linear attention backward (CPU)", py::arg("grad"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv"),
         py::arg("ksum"), py::arg("heads"), py::arg("p"), py::arg("focus_eps"), py::arg("eps"));
+  m.def("depthwise_conv_weight_grad", &mmeffvit::depthwise_conv_weight_grad,
+        "weight gradient of a stride-1 depthwise conv on channels-last maps (CPU)",
+        py::arg("input"), py::arg("grad"), py::arg("kh"), py::arg("kw"), py::arg("ph"),
+        py::arg("pw"));
   m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
 }
