@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from mmeffvit.models.layers import FocusedLinearAttention
+from mmeffvit.models.layers import focused_linear_attention as fla_module
+from mmeffvit.ops import load_ext
 
 
 def naive_flatten(attn, x, hw):
@@ -142,3 +144,58 @@ def test_attend_without_projections_matches_full_module():
     torch.testing.assert_close(full.proj(bare.attend(q, k, v, (4, 5))), full(x, (4, 5)))
     with pytest.raises(RuntimeError, match='attend'):
         bare(x, (4, 5))
+
+
+def _fused_case(dtype, batch, with_pe):
+    torch.manual_seed(0)
+    attn = FocusedLinearAttention(24, 3, pe_size=(4, 5) if with_pe else None, qkv_layout='qkv')
+    with torch.no_grad():  # non-zero scale, encoding and DWC so every gradient is informative
+        attn.scale.uniform_(-1, 1)
+        if with_pe:
+            attn.positional_encoding.normal_(0, 0.5)
+        attn.dwc.bias.uniform_(-0.5, 0.5)
+    attn = attn.to(dtype)
+    x = torch.randn(batch, 6 * 7, 24, dtype=dtype, requires_grad=True)
+    return attn, x
+
+
+def _run(attn, x, grad, retain=False):
+    out = attn(x, (6, 7))
+    tensors = [x] + [p for p in attn.parameters()]
+    return out, torch.autograd.grad(out, tensors, grad, retain_graph=retain)
+
+
+@pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('batch,with_pe', [(1, True), (2, True), (2, False)])
+def test_fused_qkv_training_path_matches_the_pytorch_reference(dtype, batch, with_pe,
+                                                              monkeypatch):
+    attn, x = _fused_case(dtype, batch, with_pe)
+    grad = torch.randn(batch, 42, 24, dtype=dtype)
+    monkeypatch.setenv('MMEFFVIT_OPS', '0')  # the reference: PyTorch FLA, torch's conv
+    assert not attn._qkv_training_fused(x)
+    ref_out, ref_grads = _run(attn, x, grad)
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    assert attn._qkv_training_fused(x) == (dtype == torch.float32)  # oneDNN's path: fp32 only
+    calls = []
+    original = fla_module._QKVFocusedAttention.apply
+    monkeypatch.setattr(fla_module._QKVFocusedAttention, 'apply',
+                        lambda *args: calls.append(1) or original(*args))
+    out, grads = _run(attn, x, grad)
+    assert len(calls) == (dtype == torch.float32)
+    tol = dict(rtol=2e-4, atol=2e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(out, ref_out, **tol)
+    names = ['x'] + [n for n, _ in attn.named_parameters()]
+    for name, got, expected in zip(names, grads, ref_grads):
+        torch.testing.assert_close(got, expected, **tol, msg=lambda m, n=name: f'{n}: {m}')
+
+
+@pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
+def test_fused_qkv_path_keeps_its_saved_projection_when_the_graph_is_retained(monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    attn, x = _fused_case(torch.float32, 1, True)
+    grad = torch.randn(1, 42, 24)
+    out, first = _run(attn, x, grad, retain=True)
+    second = torch.autograd.grad(out, [x] + list(attn.parameters()), grad)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b)

@@ -3,12 +3,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
+from torch.autograd.function import once_differentiable
 
 from ... import ops
 from ...utils import TokenGridResizeCache
-from .depthwise_conv import DepthwiseConv2d
-from .linear import Linear
+from .depthwise_conv import DepthwiseConv2d, channels_last_weight
+from .linear import Linear, _graph_kept, _needs_grad, _without_hooks, onednn_applies
 from .spatial_reduction_attention import SpatialReductionMixin
+
+# eps of the focusing function and of the normaliser: the defaults of ops.focused_linear_attention
+_FOCUS_EPS = _EPS = 1e-6
 
 
 def _check_tokens(name, tokens, grid, channels, batch=None, grid_name='hw_shape'):
@@ -143,8 +147,28 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if self.qkv_layout is None:
             raise RuntimeError("qkv_layout=None: project q, k, v yourself and call attend()")
         _check_tokens('x', x, hw_shape, self.embed_dims)
+        if self._qkv_training_fused(x):
+            qkv = self.qkv(x)  # fresh, held by nobody else: its memory takes the gradient
+            pe = None
+            if self.positional_encoding is not None:
+                pe = self._pe_resized(self.positional_encoding, self.pe_size, tuple(hw_shape),
+                                      self.pe_interpolation)
+            heads = self.num_heads
+            out = _QKVFocusedAttention.apply(
+                qkv, pe, self.scale, channels_last_weight(self.dwc.weight.repeat(heads, 1, 1, 1)),
+                None if self.dwc.bias is None else self.dwc.bias.repeat(heads),
+                tuple(hw_shape), heads, float(self.focusing_factor), tuple(self.dwc.padding))
+            return self.proj_drop(self.proj(out))
         q, k, v, kv_hw = self._project(x, hw_shape)
         return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
+
+    def _qkv_training_fused(self, x):
+        """Training on the CPU with the compiled ops, fused ``qkv`` and nothing hooked: attention
+        and DWC as one autograd function (:class:`_QKVFocusedAttention`)."""
+        return (self.qkv_layout == 'qkv' and onednn_applies(x, self.qkv.weight)
+                and _needs_grad(x, *self.parameters()) and ops.get_ext(x) is not None
+                and _without_hooks(self.qkv, self.dwc) and type(self.dwc) is DepthwiseConv2d
+                and self.dwc.stride == (1, 1) and self.dwc.dilation == (1, 1))
 
     def attend(self, q, k, v, hw_shape, kv_hw=None):
         """Focused linear attention plus DWC on projected tokens, before any output projection.
@@ -180,3 +204,71 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if kv_hw != tuple(hw_shape):
             dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
         return out + dwc.flatten(2).transpose(1, 2).to(out.dtype)
+
+
+class _QKVFocusedAttention(torch.autograd.Function):
+    """:meth:`FocusedLinearAttention.attend` on the output of the fused ``qkv`` projection, in
+    training on the CPU: ``FLA(q, k + pe, v) + DWC(v)`` (sec. 4, eq. 5-9).
+
+    The same operators as the unfused path (the compiled FLA kernels, oneDNN's depthwise conv,
+    :func:`mmeffvit.ops.depthwise_conv_weight_grad`), but the backward writes the gradients of
+    q, k and v straight into one ``(B, N, 3C)`` tensor, the memory of the spent ``qkv`` output
+    itself (its rows are read before their gradients are written). Unfused, autograd writes
+    dq, dk, dv and the DWC's dv into four fresh maps, adds two and concatenates three into a
+    fifth: at stage 1 of FLatten-Swin-T (800×1333) that concatenation alone took 90-210 ms
+    inside a training step (fresh pages), 8-25 ms alone. Where autograd keeps the graph
+    (``retain_graph``) ``qkv`` stays intact and the gradient goes to a new tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, pe, scale, dwc_weight, dwc_bias, hw_shape, heads, focusing_factor,
+                padding):
+        ext = ops.get_ext(qkv)
+        b, _, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = qkv.split(c, dim=-1)
+        keys = k if pe is None else k + pe
+        with torch.autocast(qkv.device.type, enabled=False):
+            out, kv, ksum = ext.focused_linear_attention_forward(
+                q, keys, v, scale, heads, focusing_factor, _FOCUS_EPS, _EPS)
+            v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
+            dwc = F.conv2d(v_map, dwc_weight, dwc_bias, padding=padding, groups=c)
+        out.add_(dwc.flatten(2).transpose(1, 2))
+        ctx.save_for_backward(qkv, keys, scale, kv, ksum, dwc_weight)
+        ctx.params = (hw_shape, heads, focusing_factor, padding, dwc_bias is not None,
+                      None if pe is None else pe.shape)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        qkv, keys, scale, kv, ksum, dwc_weight = ctx.saved_tensors
+        hw_shape, heads, focusing_factor, padding, has_bias, pe_shape = ctx.params
+        need_qkv, need_pe, need_scale, need_weight, need_bias = ctx.needs_input_grad[:5]
+        ext = ops.get_ext(qkv)
+        b, c = qkv.shape[0], qkv.shape[2] // 3
+        q, k, v = qkv.split(c, dim=-1)
+        grad = grad.contiguous()
+        grad_map = grad.transpose(1, 2).reshape(b, c, *hw_shape)
+        v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
+        # the DWC first: its weight gradient reads v, which the attention's gradient overwrites
+        grad_weight = grad_bias = None
+        if need_weight:
+            grad_weight = ops.depthwise_conv_weight_grad(v_map, grad_map,
+                                                         tuple(dwc_weight.shape[2:]), padding)
+        if has_bias and need_bias:
+            grad_bias = grad.sum((0, 1))
+        grad_v_dwc = torch.ops.aten.convolution_backward(
+            grad_map, v_map, dwc_weight, None, [1, 1], list(padding), [1, 1], False, [0, 0], c,
+            [True, False, False])[0]
+        grad_qkv = qkv if not _graph_kept() else torch.empty_like(qkv)
+        dq, dk, dv = grad_qkv.split(c, dim=-1)
+        grad_scale = ext.focused_linear_attention_backward_into(
+            grad, q, keys, v, scale, kv, ksum, heads, focusing_factor, _FOCUS_EPS, _EPS, dq, dk,
+            dv)
+        dv.add_(grad_v_dwc.flatten(2).transpose(1, 2))
+        grad_pe = None
+        if pe_shape is not None and need_pe:
+            grad_pe = dk if pe_shape[0] == b else dk.sum(0, keepdim=True)
+        return (grad_qkv if need_qkv else None, grad_pe,
+                grad_scale.reshape(scale.shape) if need_scale else None, grad_weight, grad_bias,
+                None, None, None, None)

@@ -104,6 +104,33 @@ std::vector<at::Tensor> focused_linear_attention_backward(
                                                kv, ksum, heads, p, focus_eps, eps);
 }
 
+at::Tensor focused_linear_attention_backward_into(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps, const at::Tensor& dq, const at::Tensor& dk,
+    const at::Tensor& dv) {
+  check_focused(q, k, v, scale, heads);
+  TORCH_CHECK(g.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}) &&
+                  g.scalar_type() == q.scalar_type(),
+              "grad must be (B, N, Ce) of dtype ", q.scalar_type(), ", got ", g.sizes(), " ",
+              g.scalar_type());
+  // each output may be the tensor it is the gradient of (its rows are read before they are
+  // written) but must not overlap anything else: the caller's contract, not checked here
+  const std::pair<const at::Tensor*, const at::Tensor*> outs[] = {{&dq, &q}, {&dk, &k},
+                                                                  {&dv, &v}};
+  for (const auto& [out, of] : outs) {
+    TORCH_CHECK(out->sizes() == of->sizes() && out->scalar_type() == of->scalar_type() &&
+                    out->is_cpu() && out->stride(-1) == 1,
+                "gradient outputs must have the shape and dtype of q, k, v with unit stride in "
+                "the last dim, got ", out->sizes(), " ", out->scalar_type(), " for ", of->sizes());
+  }
+  for (const at::Tensor* in : {&q, &k, &v})
+    TORCH_CHECK(in->stride(-1) == 1, "q, k, v need unit stride in the last dim here");
+  return focused_linear_attention_backward_into_cpu(rows_ready(g), q, k, v,
+                                                    scale.reshape({-1}).contiguous(), kv, ksum,
+                                                    heads, p, focus_eps, eps, dq, dk, dv);
+}
+
 bool compiled_with_cuda() {
 #ifdef WITH_CUDA
   return true;

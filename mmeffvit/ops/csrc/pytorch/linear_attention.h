@@ -31,6 +31,14 @@ std::vector<at::Tensor> focused_linear_attention_backward_cpu(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
     double focus_eps, double eps);
+// the same gradients written into dq, dk, dv (unit stride in the last dim, any row stride);
+// returns dscale. Each may be the tensor it is the gradient of (q, k, v): every row is read
+// before its gradient row is written, so the gradients can overwrite saved projections.
+at::Tensor focused_linear_attention_backward_into_cpu(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps, const at::Tensor& dq, const at::Tensor& dk,
+    const at::Tensor& dv);
 
 #ifdef WITH_CUDA
 at::Tensor focus_forward_cuda(const at::Tensor& x, const at::Tensor& scale, double p, double eps);
@@ -65,6 +73,11 @@ std::vector<at::Tensor> focused_linear_attention_backward(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
     double focus_eps, double eps);
+at::Tensor focused_linear_attention_backward_into(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps, const at::Tensor& dq, const at::Tensor& dk,
+    const at::Tensor& dv);
 bool compiled_with_cuda();
 
 }  // namespace mmeffvit

@@ -24,6 +24,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "focusing function + kv-first linear attention backward (CPU)", py::arg("grad"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv"),
         py::arg("ksum"), py::arg("heads"), py::arg("p"), py::arg("focus_eps"), py::arg("eps"));
+  m.def("focused_linear_attention_backward_into",
+        &mmeffvit::focused_linear_attention_backward_into,
+        "focused_linear_attention_backward writing dq, dk, dv into given tensors, each may be "
+        "the input it is the gradient of (CPU); returns dscale", py::arg("grad"), py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv"), py::arg("ksum"),
+        py::arg("heads"), py::arg("p"), py::arg("focus_eps"), py::arg("eps"), py::arg("dq"),
+        py::arg("dk"), py::arg("dv"));
   m.def("depthwise_conv_weight_grad", &mmeffvit::depthwise_conv_weight_grad,
         "weight gradient of a stride-1 depthwise conv on channels-last maps (CPU)",
         py::arg("input"), py::arg("grad"), py::arg("kh"), py::arg("kw"), py::arg("ph"),

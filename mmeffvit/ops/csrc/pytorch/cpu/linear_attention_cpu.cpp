@@ -581,16 +581,14 @@ std::vector<at::Tensor> focused_linear_attention_forward_cpu(
   return {out, kv, ks};
 }
 
-std::vector<at::Tensor> focused_linear_attention_backward_cpu(
+at::Tensor focused_linear_attention_backward_into_cpu(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
-    double focus_eps, double eps) {
+    double focus_eps, double eps, const at::Tensor& dq, const at::Tensor& dk,
+    const at::Tensor& dv) {
   const int64_t B = q.size(0), C = q.size(2), Ce = v.size(2);
   const Shape s{B, q.size(1), k.size(1), heads, C / heads, Ce / heads, 1, 0, eps, 0.0};
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  auto dq = at::empty({B, s.N, C}, q.options());
-  auto dk = at::empty({B, s.n, C}, k.options());
-  auto dv = at::empty({B, s.n, Ce}, v.options());
   auto dtemp = at::empty({B, heads}, q.options().dtype(acc_type));
   auto dscale = at::empty({C}, q.options().dtype(acc_type));
   auto t = at::ones({heads}, q.options().dtype(acc_type));
@@ -603,7 +601,19 @@ std::vector<at::Tensor> focused_linear_attention_backward_cpu(
         token_rows<scalar_t>(dq), token_rows<scalar_t>(dk), token_rows<scalar_t>(dv),
         dtemp.data_ptr<acc_t>(), dscale.data_ptr<acc_t>());
   });
-  return {dq, dk, dv, dscale.to(scale.scalar_type())};
+  return dscale.to(scale.scalar_type());
+}
+
+std::vector<at::Tensor> focused_linear_attention_backward_cpu(
+    const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& scale, const at::Tensor& kv, const at::Tensor& ksum, int64_t heads, double p,
+    double focus_eps, double eps) {
+  auto dq = at::empty(q.sizes(), q.options());
+  auto dk = at::empty(k.sizes(), k.options());
+  auto dv = at::empty(v.sizes(), v.options());
+  auto dscale = focused_linear_attention_backward_into_cpu(g, q, k, v, scale, kv, ksum, heads, p,
+                                                           focus_eps, eps, dq, dk, dv);
+  return {dq, dk, dv, dscale};
 }
 
 }  // namespace mmeffvit
