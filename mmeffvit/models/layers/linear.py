@@ -223,8 +223,10 @@ def mlp_residual(x, norm, mlp, drop_path=None, owned=False):
     fused kernels apply, nothing needs a gradient, no hooks, exact GELU, a plain LayerNorm) and
     on a large map, it runs in place on ``x``, one block of rows at a time: LayerNorm, fc1 +
     GELU, fc2, add. No ``(N, hidden)`` map is allocated: the inference allocation peak at
-    800×1333 drops 245 → 147 MiB (FLatten-PVT-T), 228 → 147 (FLatten-CSWin-T), 269 → 220
-    (FLatten-Swin-T). Time: one stage-1 block of Swin-T size (66 800 × 96 tokens, 2 threads)
+    800×1333 (``tools/analysis/benchmark.py``, weights included) went 302 → 253 MiB for
+    FLatten-PVT-T, 320 → 271 for FLatten-CSWin-T, 845 → 781 for LaViT-T and 363 → 342 for
+    L²ViT-T; FLatten-Swin-T's and Focal-T's peaks lie elsewhere (unchanged). Time: one stage-1
+    block of Swin-T size (66 800 × 96 tokens, 2 threads)
     91-108 → 71-85 ms under glibc's default malloc (the whole map is faulted in fresh), equal
     when freed memory is retained (:mod:`mmeffvit.utils.allocator`, as ``tools/test.py``).
     Equal to the plain expression: the same kernels on the same rows.
