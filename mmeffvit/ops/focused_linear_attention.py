@@ -7,6 +7,9 @@ from .ext_loader import get_ext
 from .focus import focus_feature_map, focus_feature_map_ref
 from .linear_attention import linear_attention, linear_attention_ref
 
+FOCUS_EPS = 1e-6  # added after the ReLU of the focusing function
+EPS = 1e-6  # added to the normaliser
+
 
 def _composed(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps, focus_fn, attn_fn):
     b, n, _ = q.shape
@@ -20,8 +23,8 @@ def _composed(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps, focus_
     return out.transpose(1, 2).reshape(b, n, -1).to(q.dtype)
 
 
-def focused_linear_attention_ref(q, k, v, scale, num_heads, focusing_factor=3, focus_eps=1e-6,
-                                 eps=1e-6):
+def focused_linear_attention_ref(q, k, v, scale, num_heads, focusing_factor=3,
+                                 focus_eps=FOCUS_EPS, eps=EPS):
     """Pure-PyTorch reference of :func:`focused_linear_attention` (same arguments)."""
     return _composed(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps,
                      focus_feature_map_ref, linear_attention_ref)
@@ -63,8 +66,8 @@ class FocusedLinearAttentionFunction(torch.autograd.Function):
                 None, None, None)
 
 
-def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus_eps=1e-6,
-                             eps=1e-6):
+def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus_eps=FOCUS_EPS,
+                             eps=EPS):
     """Focused linear attention of FLatten (sec. 4.1, eq. 5-7) on projected tokens, one operator.
 
     ``φ_p`` (:func:`focus_feature_map`) maps q and k over all C channels, the heads are split and

@@ -52,17 +52,26 @@ class _DepthwiseConvFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.convolution_backward(
-                grad_out, x, weight, None, [1, 1], list(ctx.padding), [1, 1], False, [0, 0],
-                weight.shape[0], [True, False, False])[0]
-        if ctx.needs_input_grad[1]:
-            grad_w = depthwise_conv_weight_grad(x, grad_out, tuple(weight.shape[2:]),
-                                                tuple(ctx.padding))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_out.sum((0, 2, 3))
-        return grad_x, grad_w, grad_b, None
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return depthwise_conv_grads(x, grad_out, weight, ctx.padding, need_x, need_w,
+                                    ctx.has_bias and need_b) + (None, )
+
+
+def depthwise_conv_grads(x, grad_out, weight, padding, need_input, need_weight, need_bias):
+    """Gradients ``(input, weight, bias)`` (None where not needed) of the stride-1 depthwise
+    ``F.conv2d(x, weight, bias, padding=padding, groups=C)``: oneDNN's input gradient,
+    :func:`mmeffvit.ops.depthwise_conv_weight_grad`, the bias sum. Every gradient is computed
+    before this returns (callers may then overwrite ``x``)."""
+    grad_x = grad_w = grad_b = None
+    if need_input:
+        grad_x = torch.ops.aten.convolution_backward(
+            grad_out, x, weight, None, [1, 1], list(padding), [1, 1], False, [0, 0],
+            weight.shape[0], [True, False, False])[0]
+    if need_weight:
+        grad_w = depthwise_conv_weight_grad(x, grad_out, tuple(weight.shape[2:]), tuple(padding))
+    if need_bias:
+        grad_b = grad_out.sum((0, 2, 3))
+    return grad_x, grad_w, grad_b
 
 
 class DepthwiseConv2d(nn.Conv2d):
@@ -114,6 +123,14 @@ class DepthwiseConv2d(nn.Conv2d):
                 and not torch.is_autocast_enabled('cpu')
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype)
 
+    def repeated_parameters(self, repeats=1):
+        """Weight (channels-last strides) and bias for ``repeats`` consecutive channel groups."""
+        weight, bias = self.weight, self.bias
+        if repeats > 1:
+            weight = weight.repeat(repeats, 1, 1, 1)
+            bias = None if bias is None else bias.repeat(repeats)
+        return channels_last_weight(weight), bias
+
     def forward(self, x, hw_shape=None, repeats=1):
         """Args: x ``(B, r·C, H, W)``, or ``(B, H*W, r·C)`` with ``hw_shape = (H, W)``."""
         tokens = hw_shape is not None
@@ -122,14 +139,10 @@ class DepthwiseConv2d(nn.Conv2d):
             if n != hw_shape[0] * hw_shape[1]:
                 raise ValueError(f'{n} tokens do not form the grid {tuple(hw_shape)}')
             x = x.transpose(1, 2).reshape(b, c, *hw_shape)
-        weight, bias = self.weight, self.bias
-        if repeats > 1:
-            weight = weight.repeat(repeats, 1, 1, 1)
-            bias = None if bias is None else bias.repeat(repeats)
+        weight, bias = self.repeated_parameters(repeats)
         if x.shape[1] != weight.shape[0]:
             raise ValueError(f'input has {x.shape[1]} channels, the conv expects '
                              f'{weight.shape[0]} ({self.in_channels} × repeats {repeats})')
-        weight = channels_last_weight(weight)
         if self._use_custom_weight_grad(x, weight):
             out = _DepthwiseConvFunction.apply(x, weight, bias, self.padding)
         else:

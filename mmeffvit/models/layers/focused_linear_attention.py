@@ -6,13 +6,11 @@ from mmengine.model import BaseModule
 from torch.autograd.function import once_differentiable
 
 from ... import ops
+from ...ops.focused_linear_attention import EPS, FOCUS_EPS
 from ...utils import TokenGridResizeCache
-from .depthwise_conv import DepthwiseConv2d, channels_last_weight
+from .depthwise_conv import DepthwiseConv2d, depthwise_conv_grads
 from .linear import Linear, _graph_kept, _needs_grad, _without_hooks, onednn_applies
 from .spatial_reduction_attention import SpatialReductionMixin
-
-# eps of the focusing function and of the normaliser: the defaults of ops.focused_linear_attention
-_FOCUS_EPS = _EPS = 1e-6
 
 
 def _check_tokens(name, tokens, grid, channels, batch=None, grid_name='hw_shape'):
@@ -153,11 +151,10 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
             if self.positional_encoding is not None:
                 pe = self._pe_resized(self.positional_encoding, self.pe_size, tuple(hw_shape),
                                       self.pe_interpolation)
-            heads = self.num_heads
             out = _QKVFocusedAttention.apply(
-                qkv, pe, self.scale, channels_last_weight(self.dwc.weight.repeat(heads, 1, 1, 1)),
-                None if self.dwc.bias is None else self.dwc.bias.repeat(heads),
-                tuple(hw_shape), heads, float(self.focusing_factor), tuple(self.dwc.padding))
+                qkv, pe, self.scale, *self.dwc.repeated_parameters(self.num_heads),
+                tuple(hw_shape), self.num_heads, float(self.focusing_factor),
+                tuple(self.dwc.padding))
             return self.proj_drop(self.proj(out))
         q, k, v, kv_hw = self._project(x, hw_shape)
         return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
@@ -224,12 +221,12 @@ class _QKVFocusedAttention(torch.autograd.Function):
     def forward(ctx, qkv, pe, scale, dwc_weight, dwc_bias, hw_shape, heads, focusing_factor,
                 padding):
         ext = ops.get_ext(qkv)
-        b, _, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        b, c = qkv.shape[0], qkv.shape[2] // 3
         q, k, v = qkv.split(c, dim=-1)
         keys = k if pe is None else k + pe
         with torch.autocast(qkv.device.type, enabled=False):
             out, kv, ksum = ext.focused_linear_attention_forward(
-                q, keys, v, scale, heads, focusing_factor, _FOCUS_EPS, _EPS)
+                q, keys, v, scale, heads, focusing_factor, FOCUS_EPS, EPS)
             v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
             dwc = F.conv2d(v_map, dwc_weight, dwc_bias, padding=padding, groups=c)
         out.add_(dwc.flatten(2).transpose(1, 2))
@@ -251,20 +248,12 @@ class _QKVFocusedAttention(torch.autograd.Function):
         grad_map = grad.transpose(1, 2).reshape(b, c, *hw_shape)
         v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
         # the DWC first: its weight gradient reads v, which the attention's gradient overwrites
-        grad_weight = grad_bias = None
-        if need_weight:
-            grad_weight = ops.depthwise_conv_weight_grad(v_map, grad_map,
-                                                         tuple(dwc_weight.shape[2:]), padding)
-        if has_bias and need_bias:
-            grad_bias = grad.sum((0, 1))
-        grad_v_dwc = torch.ops.aten.convolution_backward(
-            grad_map, v_map, dwc_weight, None, [1, 1], list(padding), [1, 1], False, [0, 0], c,
-            [True, False, False])[0]
+        grad_v_dwc, grad_weight, grad_bias = depthwise_conv_grads(
+            v_map, grad_map, dwc_weight, padding, True, need_weight, has_bias and need_bias)
         grad_qkv = qkv if not _graph_kept() else torch.empty_like(qkv)
         dq, dk, dv = grad_qkv.split(c, dim=-1)
         grad_scale = ext.focused_linear_attention_backward_into(
-            grad, q, keys, v, scale, kv, ksum, heads, focusing_factor, _FOCUS_EPS, _EPS, dq, dk,
-            dv)
+            grad, q, keys, v, scale, kv, ksum, heads, focusing_factor, FOCUS_EPS, EPS, dq, dk, dv)
         dv.add_(grad_v_dwc.flatten(2).transpose(1, 2))
         grad_pe = None
         if pe_shape is not None and need_pe:
