@@ -199,3 +199,44 @@ def test_fused_qkv_path_keeps_its_saved_projection_when_the_graph_is_retained(mo
     second = torch.autograd.grad(out, [x] + list(attn.parameters()), grad)
     for a, b in zip(first, second):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
+@pytest.mark.parametrize('batch,with_pe', [(1, True), (2, True), (2, False)])
+def test_fused_qkv_inference_path_matches_the_reference_and_the_naive_form(batch, with_pe,
+                                                                          monkeypatch):
+    attn, x = _fused_case(torch.float32, batch, with_pe)
+    x = x.detach()
+    attn.eval()
+    monkeypatch.setenv('MMEFFVIT_OPS', '0')  # the reference: PyTorch FLA, torch's conv
+    with torch.no_grad():
+        assert not attn._qkv_inference_fused(x)
+        ref = attn(x, (6, 7))
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    calls = []
+    original = attn._attend_qkv_inference
+    monkeypatch.setattr(attn, '_attend_qkv_inference',
+                        lambda *args: calls.append(1) or original(*args))
+    with torch.no_grad():
+        out = attn(x, (6, 7))
+    assert calls == [1]
+    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-5)
+    with torch.no_grad():  # and the explicit N×N form, in float64
+        naive = naive_flatten(attn.double(), x.double(), (6, 7)).float()
+    torch.testing.assert_close(out, naive, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
+def test_fused_qkv_inference_path_is_not_taken_with_grad_or_hooks(monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    attn, x = _fused_case(torch.float32, 1, True)
+    attn.eval()
+    assert not attn._qkv_inference_fused(x)  # x needs a gradient
+    x = x.detach()
+    assert not attn._qkv_inference_fused(x)  # the parameters need gradients
+    with torch.no_grad():
+        assert attn._qkv_inference_fused(x)
+        handle = attn.dwc.register_forward_hook(lambda *args: None)
+        assert not attn._qkv_inference_fused(x)
+        handle.remove()
+        assert not attn._qkv_inference_fused(x.double())
