@@ -9,8 +9,7 @@ from ... import ops
 from ...ops.focused_linear_attention import EPS, FOCUS_EPS
 from ...utils import TokenGridResizeCache
 from .depthwise_conv import DepthwiseConv2d, depthwise_conv_grads
-from .linear import (Linear, _graph_kept, _needs_grad, _without_hooks, fused_linear,
-                     onednn_applies, onednn_inference)
+from .linear import Linear, _graph_kept, _needs_grad, _without_hooks, fused_linear, onednn_applies
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -148,36 +147,39 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         _check_tokens('x', x, hw_shape, self.embed_dims)
         if self._qkv_training_fused(x):
             qkv = self.qkv(x)  # fresh, held by nobody else: its memory takes the gradient
-            pe = None
-            if self.positional_encoding is not None:
-                pe = self._pe_resized(self.positional_encoding, self.pe_size, tuple(hw_shape),
-                                      self.pe_interpolation)
             out = _QKVFocusedAttention.apply(
-                qkv, pe, self.scale, *self.dwc.repeated_parameters(self.num_heads),
-                tuple(hw_shape), self.num_heads, float(self.focusing_factor),
-                tuple(self.dwc.padding))
+                qkv, self._resized_encoding(hw_shape), self.scale,
+                *self.dwc.repeated_parameters(self.num_heads), tuple(hw_shape), self.num_heads,
+                float(self.focusing_factor), tuple(self.dwc.padding))
             return self.proj_drop(self.proj(out))
         if self._qkv_inference_fused(x):
             return self.proj_drop(self.proj(self._attend_qkv_inference(x, tuple(hw_shape))))
         q, k, v, kv_hw = self._project(x, hw_shape)
         return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
 
-    def _qkv_training_fused(self, x):
-        """Training on the CPU with the compiled ops, fused ``qkv`` and nothing hooked: attention
-        and DWC as one autograd function (:class:`_QKVFocusedAttention`)."""
+    def _fused_qkv_applies(self, x):
+        """CPU fp32 with the compiled ops, a fused ``qkv``, a plain stride-1 DWC and nothing
+        hooked: where the module may skip :meth:`attend` for one of the two paths below."""
         return (self.qkv_layout == 'qkv' and onednn_applies(x, self.qkv.weight)
-                and _needs_grad(x, *self.parameters()) and ops.get_ext(x) is not None
-                and _without_hooks(self.qkv, self.dwc) and type(self.dwc) is DepthwiseConv2d
-                and self.dwc.stride == (1, 1) and self.dwc.dilation == (1, 1))
-
-    def _qkv_inference_fused(self, x):
-        """CPU inference with the compiled ops, fused ``qkv`` and nothing hooked: see
-        :meth:`_attend_qkv_inference`."""
-        return (self.qkv_layout == 'qkv' and onednn_inference(x, self.qkv.weight)
-                and not _needs_grad(*self.parameters()) and ops.get_ext(x) is not None
-                and self.qkv.weight.is_contiguous() and _without_hooks(self.qkv, self.dwc)
+                and ops.get_ext(x) is not None and _without_hooks(self.qkv, self.dwc)
                 and type(self.dwc) is DepthwiseConv2d and self.dwc.stride == (1, 1)
                 and self.dwc.dilation == (1, 1))
+
+    def _qkv_training_fused(self, x):
+        """Training: attention and DWC as one autograd function (:class:`_QKVFocusedAttention`)."""
+        return self._fused_qkv_applies(x) and _needs_grad(x, *self.parameters())
+
+    def _qkv_inference_fused(self, x):
+        """Inference: :meth:`_attend_qkv_inference` (slices the ``qkv`` weight by rows)."""
+        return (self._fused_qkv_applies(x) and not _needs_grad(x, *self.parameters())
+                and self.qkv.weight.is_contiguous())
+
+    def _resized_encoding(self, hw_shape):
+        """The positional encoding for a key grid ``hw_shape`` (None without one)."""
+        if self.positional_encoding is None:
+            return None
+        return self._pe_resized(self.positional_encoding, self.pe_size, tuple(hw_shape),
+                                self.pe_interpolation)
 
     def _attend_qkv_inference(self, x, hw_shape):
         """:meth:`attend` on ``qkv(x)``, in inference: the same kernels on the same values, but
@@ -190,8 +192,7 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         v = fused_linear(x, weight[2 * c:], None if bias is None else bias[2 * c:])
         q, k = qk.split(c, dim=-1)
         if self.positional_encoding is not None:
-            k.add_(self._pe_resized(self.positional_encoding, self.pe_size, hw_shape,
-                                    self.pe_interpolation))
+            k.add_(self._resized_encoding(hw_shape))
         out, _, _ = ops.get_ext(x).focused_linear_attention_forward(
             q, k, v, self.scale, self.num_heads, float(self.focusing_factor), FOCUS_EPS, EPS)
         dwc = self.dwc(v, hw_shape, repeats=self.num_heads)
@@ -215,8 +216,7 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
             _check_tokens(name, tokens, grid, self.embed_dims, q.shape[0], grid_name)
         b, _, c = q.shape
         if self.positional_encoding is not None:
-            k = k + self._pe_resized(self.positional_encoding, self.pe_size, kv_hw,
-                                     self.pe_interpolation)
+            k = k + self._resized_encoding(kv_hw)
 
         # the focusing power and the attention sums stay in fp32 under autocast; one fused
         # operator (mmeffvit.ops) or its PyTorch reference
