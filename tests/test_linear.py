@@ -8,6 +8,7 @@ from torch.profiler import profile
 
 from mmeffvit.models.layers import Linear, Mlp
 from mmeffvit.models.layers import linear as linear_module
+from mmeffvit.utils import split_heads
 
 
 def _ops(fn):
@@ -318,3 +319,67 @@ def test_mlp_residual_is_the_plain_expression_where_blocks_do_not_apply(monkeypa
     if expected is None:
         expected = (x + mlp(norm(x))) if case == 'batch norm' else _residual_reference(x, norm, mlp)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def _projected_heads(parts=3, heads=2, tokens=7, dims=12, seed=3):
+    torch.manual_seed(seed)
+    fc = Linear(dims, parts * dims)
+    return fc, torch.randn(2, tokens, dims, requires_grad=True)
+
+
+@pytest.mark.parametrize('parts', [2, 3])
+def test_project_heads_gradients_equal_the_plain_split(parts):
+    """``project_heads``: the same views and, bit for bit, the same gradients as
+    ``split_heads(fc(x))`` through autograd's ``unbind`` (one part unused: zero gradient)."""
+    fc, x = _projected_heads(parts)
+    ops = _ops(lambda: sum(p.sum() for p in linear_module.project_heads(fc, x, parts, 2))
+               .backward())
+    assert '_SplitHeadsOverSpentBackward' in ops
+    weights = [torch.randn(2, 2, 7, 6) for _ in range(parts)]
+
+    def grads(split):
+        views = split()
+        loss = sum((v * w).sum() for v, w in zip(views[:-1], weights))  # last part unused
+        values = [v.detach().clone() for v in views]  # the backward may reuse their memory
+        return values, torch.autograd.grad(loss, [x, fc.weight, fc.bias])
+
+    views, got = grads(lambda: linear_module.project_heads(fc, x, parts, 2))
+    plain, want = grads(lambda: split_heads(fc(x), parts, 2))
+    for v, p in zip(views, plain):
+        assert v.shape == p.shape == (2, 2, 7, 6) and torch.equal(v, p)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize('retain', [False, True])
+def test_split_heads_gradient_overwrites_the_spent_projection_unless_the_graph_is_kept(retain):
+    """The gradient of the projection is written over its memory; with ``retain_graph`` the
+    projection stays intact (a second backward reads the same values)."""
+    projected = (torch.randn(2, 5, 12, requires_grad=True) * 1)  # a non-leaf, as fc's output
+    before = projected.detach().clone()
+    q, k, v = linear_module._SplitHeadsOverSpent.apply(projected, 3, 2)
+    grad, = torch.autograd.grad((q * k * v).sum(), projected, retain_graph=retain)
+    expected, = torch.autograd.grad((lambda a, b, c: (a * b * c).sum())(
+        *split_heads(before.requires_grad_(), 3, 2)), before)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+    assert (grad.data_ptr() == projected.data_ptr()) == (not retain)
+    if retain:
+        assert torch.equal(projected.detach(), before.detach())
+
+
+def test_project_heads_double_backward_and_hooked_projection_take_the_plain_path():
+    fc, x = _projected_heads()
+
+    def penalty(split):
+        q, k, v = split()
+        grad_x, = torch.autograd.grad((q * k * v).tanh().sum(), x, create_graph=True)
+        return torch.autograd.grad(grad_x.square().sum(), [x, fc.weight])
+
+    got = penalty(lambda: linear_module.project_heads(fc, x, 3, 2))
+    want = penalty(lambda: split_heads(fc(x), 3, 2))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    fc.register_forward_hook(lambda *args: None)
+    ops = _ops(lambda: sum(p.sum() for p in linear_module.project_heads(fc, x, 3, 2))
+               .backward())
+    assert '_SplitHeadsOverSpentBackward' not in ops and 'UnbindBackward0' in ops

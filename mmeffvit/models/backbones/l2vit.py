@@ -5,10 +5,10 @@ from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import map_to_tokens, split_heads, tokens_to_map
+from ...utils import map_to_tokens, tokens_to_map
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.clamped_linear_attention import clamped_linear_attention
-from ..layers.linear import Linear, Mlp, mlp_residual
+from ..layers.linear import Linear, Mlp, mlp_residual, project_heads
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -42,7 +42,7 @@ class LinearAttention(nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
-        q, k, v = split_heads(self.qkv(x), 3, self.num_heads)
+        q, k, v = project_heads(self.qkv, x, 3, self.num_heads)
         out = clamped_linear_attention(q, k, v, self.temperature, self.min_denominator)
         return self.proj(out.to(x.dtype).transpose(1, 2).reshape(b, n, c))
 

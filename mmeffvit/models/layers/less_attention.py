@@ -3,8 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...utils import split_heads
-from .linear import Linear
+from .linear import Linear, project_heads
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -131,7 +130,7 @@ class VanillaAttention(_ScoreAttention):
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
         kv_src, k_hw = self.reduce_tokens(x, hw_shape)
-        k, v = split_heads(self.kv(kv_src), 2, h)
+        k, v = project_heads(self.kv, kv_src, 2, h)
         # a residual that needs a gradient sends CPU SDPA to its explicit math path, which
         # stores the same maps as below: use SDPA where it runs a fused kernel
         fused = not need_scores and not (

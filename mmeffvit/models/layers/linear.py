@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ...utils.tensor import split_heads
 from .norm import LayerNormFP32
 
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
@@ -207,6 +208,56 @@ def gelu_linear(x, fc, owned=False):
         return _GeluLinear.apply(x, fc.weight, fc.bias, owned)
     return fc(F.gelu(x))
 
+
+
+class _SplitHeadsOverSpent(torch.autograd.Function):
+    """:func:`mmeffvit.utils.split_heads` of a projection's output that nothing else holds,
+    whose backward writes the parts' gradients over that output instead of stacking them into
+    a fresh ``(B, N, parts·C)`` tensor (autograd's ``unbind`` backward). The parts' consumers
+    have run their backward by then, so the projection is spent; a fresh map of that size is
+    faulted in page by page on the CPU (L²ViT-T's 12 such stacks: 50-520 ms of a training step
+    at 800×1333, by the fresh pages they met). Where autograd keeps the graph (``retain_graph``)
+    or builds one (double backward) the gradient goes to a new tensor."""
+
+    @staticmethod
+    def forward(ctx, projected, parts, num_heads):
+        ctx.save_for_backward(projected)
+        ctx.parts, ctx.num_heads = parts, num_heads
+        b, n, _ = projected.shape
+        parts_view = projected.view(b, n, parts, num_heads, -1)
+        return tuple(part.transpose(1, 2) for part in parts_view.unbind(2))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        projected, = ctx.saved_tensors
+        b, n, _ = projected.shape
+        if torch.is_grad_enabled():  # double backward: differentiable, as unbind's backward
+            head_dims = projected.shape[-1] // (ctx.parts * ctx.num_heads)
+            return torch.stack([
+                g.transpose(1, 2) if g is not None
+                else projected.new_zeros(b, n, ctx.num_heads, head_dims) for g in grads],
+                2).reshape(b, n, -1), None, None
+        # spent unless the graph is kept: every consumer of the parts has run its backward
+        out = torch.empty_like(projected) if _graph_kept() else projected
+        out_parts = out.view(b, n, ctx.parts, ctx.num_heads, -1)
+        for i, grad in enumerate(grads):
+            if grad is None:
+                out_parts[:, :, i].zero_()
+            else:
+                out_parts[:, :, i].copy_(grad.transpose(1, 2))
+        return out, None, None
+
+
+def project_heads(fc, x, parts, num_heads):
+    """``split_heads(fc(x), parts, num_heads)``: a fused projection (``qkv``, ``kv``) split
+    into per-head views ``(B, h, N, C/h)``. Where autograd records it on a contiguous output of
+    an unhooked ``fc``, the parts' gradients are written back over the spent output
+    (:class:`_SplitHeadsOverSpent`); otherwise the plain split. Same values either way."""
+    projected = fc(x)
+    if (_needs_grad(projected) and _without_hooks(fc) and projected.dim() == 3
+            and projected.is_contiguous()):
+        return _SplitHeadsOverSpent.apply(projected, parts, num_heads)
+    return split_heads(projected, parts, num_heads)
 
 # CPU inference of a pre-norm MLP residual (mlp_residual): a map whose (N, hidden) activation has
 # at least _MLP_BLOCKED_MIN_ELEMENTS runs in blocks of rows of _MLP_BLOCK_ELEMENTS hidden values

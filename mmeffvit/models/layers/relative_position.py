@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...utils import split_heads, square_side
-from .linear import Linear
+from ...utils import square_side
+from .linear import Linear, project_heads
 
 
 #: additive logit given to key/query pairs of one shifted window that come from different
@@ -469,7 +469,7 @@ class WindowMSA(nn.Module):
         """
         bw, n, c = x.shape
         h = self.num_heads
-        q, k, v = split_heads(self.qkv(x), 3, h)
+        q, k, v = project_heads(self.qkv, x, 3, h)
         images = 1 if mask is None else bw // mask.shape[0]
         drop = self.attn_drop.p if self.training else 0.
         if self.window_size is not None and not cache_allowed(self.relative_position_bias_table):

@@ -3,8 +3,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from ...utils import map_to_tokens, split_heads, tokens_to_map
-from .linear import Linear
+from ...utils import map_to_tokens, tokens_to_map
+from .linear import Linear, project_heads
 from .norm import LayerNormFP32
 
 
@@ -68,8 +68,7 @@ class SpatialReductionAttention(SpatialReductionMixin, BaseModule):
         b, n, c = x.shape
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
-        kv = self.kv(self.reduce_tokens(x, hw_shape)[0])
-        k, v = split_heads(kv, 2, h)
+        k, v = project_heads(self.kv, self.reduce_tokens(x, hw_shape)[0], 2, h)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
