@@ -70,6 +70,14 @@ def test_close_sizes_share_one_tick():
     assert report._merged_ticks([], []) == []
 
 
+def test_sizes_beside_the_main_shape_are_drawn_off_the_line():
+    sweep = [(512, 512), (800, 1333), (1024, 1024), (1536, 1536)]
+    assert report.off_line_shapes(sweep, (800, 1333)) == {(1024, 1024)}
+    assert report.off_line_shapes(sweep, (1024, 1024)) == {(800, 1333)}
+    assert report.off_line_shapes(sweep, (512, 512)) == set()
+    assert report.off_line_shapes([[512, 512], [800, 1333]], []) == set()
+
+
 def test_parse_shape_and_cases():
     assert bench.parse_shape('800x1333') == (800, 1333)
     assert bench.parse_shape('512') == (512, 512)

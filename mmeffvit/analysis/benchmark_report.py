@@ -376,7 +376,10 @@ def render_markdown(data, plot_files=()):
     return '\n'.join(lines) + '\n'
 
 
-def _merged_ticks(pixels, labels, ratio=1.15):
+_TICK_MERGE_RATIO = 1.15
+
+
+def _merged_ticks(pixels, labels, ratio=_TICK_MERGE_RATIO):
     """``(position, label)`` x ticks in pixel order; sizes within ``ratio`` of each other
     (1024² and 800×1333 differ by 2 %) share one tick with their labels stacked."""
     groups = []
@@ -389,6 +392,17 @@ def _merged_ticks(pixels, labels, ratio=1.15):
     return [(math.prod(ps) ** (1 / len(ps)), '\n'.join(ls)) for ps, ls in groups]
 
 
+def off_line_shapes(shapes, main):
+    """Sizes of the sweep drawn as hollow markers off the lines: those sharing a tick with the
+    main shape (1024² beside 800×1333, 2 % apart). Joined, a line would zigzag between the
+    main shape's min over all rounds and that size's fewer rounds."""
+    if not main:
+        return set()
+    main_pix = main[0] * main[1]
+    return {tuple(s) for s in shapes if tuple(s) != tuple(main) and max(
+        s[0] * s[1], main_pix) <= min(s[0] * s[1], main_pix) * _TICK_MERGE_RATIO}
+
+
 def plot_sweep(data, plot_dir, rel_to):
     """``latency.png`` and ``memory.png`` in ``plot_dir``; returns paths relative to ``rel_to``."""
     import matplotlib
@@ -398,6 +412,8 @@ def plot_sweep(data, plot_dir, rel_to):
     shapes = sorted((tuple(s) for s in data['shapes']), key=lambda s: s[0] * s[1])
     mpix = [h * w / 1e6 for h, w in shapes]
     fits = sweep_fits(data, stats)
+    main = tuple(data.get('main_shape') or ())
+    off_line = off_line_shapes(shapes, main)
     # mmeffvit cases: distinct colours, solid; softmax peers: greys, dashed, square markers
     colours, n_own, n_peer = {}, 0, 0
     for c in data['cases']:
@@ -418,16 +434,20 @@ def plot_sweep(data, plot_dir, rel_to):
         fig, axes = plt.subplots(1, len(panels), figsize=(15, 6.5))
         for ax, (title, mode, field, scale, unit, fit_key) in zip(axes, panels):
             for c in data['cases']:
-                pts = [(p, stats.get((c['name'], s, mode), {}).get(field))
+                pts = [(p, stats.get((c['name'], s, mode), {}).get(field), s in off_line)
                        for p, s in zip(mpix, shapes)]
-                pts = sorted((p, v / scale) for p, v in pts if v)  # in pixel order
-                if not pts:
+                pts = sorted((p, v / scale, off) for p, v, off in pts if v)  # in pixel order
+                line = [(p, v) for p, v, off in pts if not off]
+                if not line:
                     continue
                 b = fits[c['name']][fit_key]
-                ax.plot(*zip(*pts), color=colours[c['name']], linestyle='--' if c.get('softmax')
-                        else '-', marker='s' if c.get('softmax') else 'o', markersize=4,
-                        linewidth=1.6,
+                marker = 's' if c.get('softmax') else 'o'
+                ax.plot(*zip(*line), color=colours[c['name']], linestyle='--' if c.get('softmax')
+                        else '-', marker=marker, markersize=4, linewidth=1.6,
                         label=f"{c['name']} (b={b:.2f})" if math.isfinite(b) else c['name'])
+                for p, v, _ in (q for q in pts if q[2]):
+                    ax.plot([p], [v], linestyle='none', marker=marker, markersize=5,
+                            markerfacecolor='none', color=colours[c['name']])
             ax.set_xscale('log')
             ax.set_yscale('log')
             ticks = _merged_ticks(mpix, [shape_label(s) for s in shapes])
@@ -439,8 +459,11 @@ def plot_sweep(data, plot_dir, rel_to):
             ax.set_title(title)
             ax.grid(True, which='major', alpha=0.3)
             if ax.lines:
+                hollow = ', '.join(shape_label(s) for s in sorted(off_line))
                 ax.legend(loc='upper left', fontsize=7, title_fontsize=7,
-                          title='dashed: softmax (mmdet); b: fitted exponent')
+                          title='dashed: softmax (mmdet); b: fitted exponent'
+                          + (f'\nhollow: {hollow} (off the line, next to '
+                             f'{shape_label(main)})' if off_line else ''))
         opts = data['options']
         fig.suptitle(f"{fig_name} vs input size, batch 1, {opts['device']} {opts['dtype']}, "
                      f"{data['machine'].get('threads', '?')} threads")
