@@ -70,6 +70,19 @@ def test_close_sizes_share_one_tick():
     assert report._merged_ticks([], []) == []
 
 
+def test_round_ratios_pair_the_rounds_both_measured():
+    def m(name, rnd, times, mode='infer', shape=(8, 8)):
+        return dict(name=name, round=rnd, mode=mode, shape=list(shape),
+                    result=dict(times=times) if times else dict(error='killed'))
+    ms = [m('a', 0, [2.0]), m('p', 0, [4.0]), m('a', 1, [3.0, 1.5]), m('p', 1, [2.0]),
+          m('a', 2, [1.0]), m('p', 2, None),                       # the peer's round failed
+          m('a', 3, [9.0], mode='train'), m('p', 3, [1.0], mode='train'),
+          m('a', 4, [9.0], shape=(4, 4)), m('p', 4, [1.0], shape=(4, 4))]
+    assert report.round_ratios(ms, 'a', 'p', (8, 8), 'infer') == [0.5, 0.75]
+    assert report.round_ratios(ms, 'a', 'p', (8, 8), 'train') == [9.0]
+    assert report.round_ratios(ms, 'a', 'missing', (8, 8), 'infer') == []
+
+
 def test_sizes_beside_the_main_shape_are_drawn_off_the_line():
     sweep = [(512, 512), (800, 1333), (1024, 1024), (1536, 1536)]
     assert report.off_line_shapes(sweep, (800, 1333)) == {(1024, 1024)}

@@ -72,6 +72,18 @@ def summarise(measurements):
     return out
 
 
+def round_ratios(measurements, name, peer, shape, mode):
+    """Per-round ratios ``time(name) / time(peer)`` of the rounds both measured (each round's
+    fastest repetition): how far one pair's ratio moves within a run, sorted."""
+    best = defaultdict(dict)
+    for m in measurements:
+        if (m['name'] in (name, peer) and tuple(m['shape']) == tuple(shape) and m['mode'] == mode
+                and 'error' not in m['result'] and m['result'].get('times')):
+            best[m['round']][m['name']] = min(m['result']['times'])
+    return sorted(b[name] / b[peer] for b in best.values()
+                  if name in b and peer in b and b[peer] > 0)
+
+
 def gemm_rate(gemm):
     """Best and median GMAC/s of the GEMM measurements of one dtype over all rounds."""
     ok = [g['result'] for g in gemm if 'error' not in g['result']]
@@ -213,6 +225,23 @@ def backbone_tables(data):
                         'train step s min / median', 'GMAC/s', '% of GEMM',
                         'inference ×peer min / median', 'train ×peer min / median'], rows,
                        ['---', '---'] + ['--:'] * 8)
+    spread = []
+    for c in cases:
+        name, peer = c['name'], peers[c['name']]
+        if not peer:
+            continue
+        cells = []
+        for mode in ('infer', 'train'):
+            r = round_ratios(data['measurements'], name, peer, main, mode)
+            cells.append(f'{r[0]:.2f}–{r[-1]:.2f} ({statistics.median(r):.2f})' if r else '–')
+        spread.append([name, peer, str(len(round_ratios(data['measurements'], name, peer, main,
+                                                        'infer')))] + cells)
+    if any(int(row[2]) > 1 for row in spread):
+        lines += ['', '### Ratio per round', '',
+                  'The ratio to the peer within each round (interleaved, so both saw the same load): '
+                  'lowest–highest (median). Its spread is what this machine resolves.', '']
+        lines += _md_table(['backbone', 'peer', 'rounds', 'inference ×peer per round',
+                            'train ×peer per round'], spread, ['---', '---', '--:', '--:', '--:'])
     rows = []
     for c in cases:
         name, peer = c['name'], peers[c['name']]

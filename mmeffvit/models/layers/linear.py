@@ -17,6 +17,9 @@ gradient over it instead of into a fresh tensor.
 :func:`mlp_residual` is a block's ``x + mlp(norm(x))``, which in CPU inference runs in blocks of
 rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map.
 
+:func:`project_heads` is a fused projection (``qkv``, ``kv``) split into per-head views, whose
+backward writes the parts' gradients over the spent projection.
+
 The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
 functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
 operators).
