@@ -83,6 +83,16 @@ def test_round_ratios_pair_the_rounds_both_measured():
     assert report.round_ratios(ms, 'a', 'missing', (8, 8), 'infer') == []
 
 
+def test_ratio_per_round_table_needs_two_rounds_and_counts_either_mode():
+    data = _synthetic_data()
+    assert '### Ratio per round' not in report.render_markdown(data)  # one round
+    second = [dict(m, round=1) for m in data['measurements'] if m['mode'] == 'train']
+    data['measurements'] += second  # a second round of the training steps only
+    row = _row(report.render_markdown(data).split('### Ratio per round')[1], 'Mine')
+    # 200²: per round min(12, 18) / min(32, 48) = 0.375 twice; no second inference round
+    assert row[1:] == ['Peer', '2', '0.25–0.25 (0.25)', '0.38–0.38 (0.38)']
+
+
 def test_sizes_beside_the_main_shape_are_drawn_off_the_line():
     sweep = [(512, 512), (800, 1333), (1024, 1024), (1536, 1536)]
     assert report.off_line_shapes(sweep, (800, 1333)) == {(1024, 1024)}

@@ -230,12 +230,12 @@ def backbone_tables(data):
         name, peer = c['name'], peers[c['name']]
         if not peer:
             continue
-        cells = []
+        cells, rounds = [], 0
         for mode in ('infer', 'train'):
             r = round_ratios(data['measurements'], name, peer, main, mode)
             cells.append(f'{r[0]:.2f}–{r[-1]:.2f} ({statistics.median(r):.2f})' if r else '–')
-        spread.append([name, peer, str(len(round_ratios(data['measurements'], name, peer, main,
-                                                        'infer')))] + cells)
+            rounds = max(rounds, len(r))
+        spread.append([name, peer, str(rounds)] + cells)
     if any(int(row[2]) > 1 for row in spread):
         lines += ['', '### Ratio per round', '',
                   'The ratio to the peer within each round (interleaved, so both saw the same load): '
