@@ -238,8 +238,9 @@ def backbone_tables(data):
         spread.append([name, peer, str(rounds)] + cells)
     if any(int(row[2]) > 1 for row in spread):
         lines += ['', '### Ratio per round', '',
-                  'The ratio to the peer within each round (interleaved, so both saw the same load): '
-                  'lowest–highest (median). Its spread is what this machine resolves.', '']
+                  'The ratio to the peer within each round (interleaved, so both saw the same '
+                  'load): lowest–highest (median). Its spread is what this machine resolves.',
+                  '']
         lines += _md_table(['backbone', 'peer', 'rounds', 'inference ×peer per round',
                             'train ×peer per round'], spread, ['---', '---', '--:', '--:', '--:'])
     rows = []
