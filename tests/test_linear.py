@@ -383,3 +383,19 @@ def test_project_heads_double_backward_and_hooked_projection_take_the_plain_path
     ops = _ops(lambda: sum(p.sum() for p in linear_module.project_heads(fc, x, 3, 2))
                .backward())
     assert '_SplitHeadsOverSpentBackward' not in ops and 'UnbindBackward0' in ops
+
+
+@needs_onednn
+def test_input_gradient_runs_onednn_and_equals_torchs():
+    """``dX = dY·W`` goes through oneDNN's linear kernel (faster than MKL's GEMM on narrow
+    outputs); equal to ``F.linear``'s input gradient up to float rounding."""
+    torch.manual_seed(4)
+    fc = Linear(24, 72).requires_grad_(False)  # the input gradient only: no dW GEMM
+    x = torch.randn(3, 50, 24, requires_grad=True)
+    grad_out = torch.randn(3, 50, 72)
+    with profile() as prof:
+        got, = torch.autograd.grad(fc(x), x, grad_out)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls['mkldnn::_linear_pointwise'] == 2 and 'aten::mm' not in calls  # fwd and dX
+    want, = torch.autograd.grad(F.linear(x, fc.weight, fc.bias), x, grad_out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
