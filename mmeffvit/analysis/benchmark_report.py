@@ -468,6 +468,7 @@ def plot_sweep(data, plot_dir, rel_to):
                        for p, s in zip(mpix, shapes)]
                 pts = sorted((p, v / scale, off) for p, v, off in pts if v)  # in pixel order
                 line = [(p, v) for p, v, off in pts if not off]
+                hollow = [(p, v) for p, v, off in pts if off]
                 if not line:
                     continue
                 b = fits[c['name']][fit_key]
@@ -475,8 +476,8 @@ def plot_sweep(data, plot_dir, rel_to):
                 ax.plot(*zip(*line), color=colours[c['name']], linestyle='--' if c.get('softmax')
                         else '-', marker=marker, markersize=4, linewidth=1.6,
                         label=f"{c['name']} (b={b:.2f})" if math.isfinite(b) else c['name'])
-                for p, v, _ in (q for q in pts if q[2]):
-                    ax.plot([p], [v], linestyle='none', marker=marker, markersize=5,
+                if hollow:
+                    ax.plot(*zip(*hollow), linestyle='none', marker=marker, markersize=5,
                             markerfacecolor='none', color=colours[c['name']])
             ax.set_xscale('log')
             ax.set_yscale('log')
@@ -489,10 +490,10 @@ def plot_sweep(data, plot_dir, rel_to):
             ax.set_title(title)
             ax.grid(True, which='major', alpha=0.3)
             if ax.lines:
-                hollow = ', '.join(shape_label(s) for s in sorted(off_line))
+                sizes = ', '.join(shape_label(s) for s in sorted(off_line))
                 ax.legend(loc='upper left', fontsize=7, title_fontsize=7,
                           title='dashed: softmax (mmdet); b: fitted exponent'
-                          + (f'\nhollow: {hollow} (off the line, next to '
+                          + (f'\nhollow: {sizes} (off the line, next to '
                              f'{shape_label(main)})' if off_line else ''))
         opts = data['options']
         fig.suptitle(f"{fig_name} vs input size, batch 1, {opts['device']} {opts['dtype']}, "

@@ -11,9 +11,9 @@ these patterns. Results equal the eager ones to float rounding (the GEMM's summa
 In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
 pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is two GEMMs and the bias
 sum (the input gradient through the same oneDNN kernel, faster than MKL's GEMM on the narrow
-outputs of early stages); the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, which stores the
-pre-activation only (GELU recomputed block by block) and whose backward writes its input
-gradient over it instead of into a fresh tensor.
+outputs of early stages); the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, which
+stores the pre-activation only (GELU recomputed block by block) and whose backward writes its
+input gradient over it instead of into a fresh tensor.
 
 :func:`mlp_residual` is a block's ``x + mlp(norm(x))``, which in CPU inference runs in blocks of
 rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map.
@@ -225,7 +225,6 @@ def gelu_linear(x, fc, owned=False):
     return fc(F.gelu(x))
 
 
-
 class _SplitHeadsOverSpent(torch.autograd.Function):
     """:func:`mmeffvit.utils.split_heads` of a projection's output that nothing else holds,
     whose backward writes the parts' gradients over that output instead of stacking them into
@@ -239,9 +238,7 @@ class _SplitHeadsOverSpent(torch.autograd.Function):
     def forward(ctx, projected, parts, num_heads):
         ctx.save_for_backward(projected)
         ctx.parts, ctx.num_heads = parts, num_heads
-        b, n, _ = projected.shape
-        parts_view = projected.view(b, n, parts, num_heads, -1)
-        return tuple(part.transpose(1, 2) for part in parts_view.unbind(2))
+        return split_heads(projected, parts, num_heads)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -274,6 +271,7 @@ def project_heads(fc, x, parts, num_heads):
             and projected.is_contiguous()):
         return _SplitHeadsOverSpent.apply(projected, parts, num_heads)
     return split_heads(projected, parts, num_heads)
+
 
 # CPU inference of a pre-norm MLP residual (mlp_residual): a map whose (N, hidden) activation has
 # at least _MLP_BLOCKED_MIN_ELEMENTS runs in blocks of rows of _MLP_BLOCK_ELEMENTS hidden values
