@@ -235,6 +235,10 @@ def test_quick_run_end_to_end(tmp_path):
         assert stats[(name, (96, 128), 'train')]['alloc_peak'] > \
             stats[(name, (64, 64), 'train')]['alloc_peak']
     assert data['gemm']['float32'][0]['result']['gmacs_per_s'] > 0
+    # which GEMM mmeffvit's linears ran on depends on the CPU: the report says it
+    from mmeffvit.models.layers.linear import choose_linear_kernel
+    assert data['machine']['linear_kernel'] == choose_linear_kernel()
+    assert data['machine']['cpu_capability'] in md and "mmeffvit's linear layers on" in md
 
     # the table shows these numbers: params, GMACs, ratio to the peer
     import torch

@@ -25,8 +25,16 @@ def _pair(dims=48, hidden=192):
     return ours, reference
 
 
-needs_onednn = pytest.mark.skipif(not linear_module._ONEDNN_LINEAR,
-                                  reason='torch without oneDNN linear')
+@pytest.fixture
+def onednn_kernel(monkeypatch):
+    """The fused path on oneDNN's kernel, whichever this CPU would choose (see
+    ``choose_linear_kernel``)."""
+    if not linear_module._ONEDNN_LINEAR:
+        pytest.skip('torch without oneDNN linear')
+    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', 'onednn')
+
+
+needs_onednn = pytest.mark.usefixtures('onednn_kernel')
 
 
 @needs_onednn
@@ -48,7 +56,7 @@ def test_inference_uses_the_fused_kernel_and_matches_eager(shape):
 
 
 @pytest.mark.parametrize('case', ['tanh', 'float64', 'autocast', 'functorch'])
-def test_eager_path_where_the_kernel_does_not_apply(case):
+def test_eager_path_where_the_kernel_does_not_apply(case, onednn_kernel):
     ours, reference = _pair()
     ours.eval(), reference.eval()
     x = torch.randn(2, 9, 48)
@@ -399,3 +407,37 @@ def test_input_gradient_runs_onednn_and_equals_torchs():
     assert calls['mkldnn::_linear_pointwise'] == 2 and 'aten::mm' not in calls  # fwd and dX
     want, = torch.autograd.grad(F.linear(x, fc.weight, fc.bias), x, grad_out)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('capability, override, expected', [
+    ('AVX512', '', 'onednn'), ('AVX512_BF16', '', 'onednn'), ('AVX2', '', 'aten'),
+    ('DEFAULT', '', 'aten'), ('AVX2', 'onednn', 'onednn'), ('AVX512', 'aten', 'aten')])
+def test_linear_kernel_follows_the_cpu_and_the_override(capability, override, expected):
+    if expected == 'onednn' and not linear_module._ONEDNN_LINEAR:
+        expected = 'aten'
+    assert linear_module.choose_linear_kernel(capability, override) == expected
+
+
+def test_unknown_linear_kernel_override_is_an_error():
+    with pytest.raises(ValueError, match='MMEFFVIT_LINEAR_KERNEL'):
+        linear_module.choose_linear_kernel('AVX2', 'mkl')
+
+
+def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch):
+    """Where oneDNN is the slower kernel (AVX2), the fused path runs ``F.linear`` and GELU in
+    place, forward and backward, with the same results."""
+    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', 'aten')
+    ours, reference = _pair()
+    x = torch.randn(2, 37, 48) * 3
+    with torch.no_grad():
+        ops = _ops(lambda: ours.eval()(x))
+        assert 'mkldnn::_linear_pointwise' not in ops and 'aten::gelu_' in ops
+        torch.testing.assert_close(ours(x), reference.eval()(x), rtol=1e-5, atol=1e-5)
+    ours.train(), reference.train()
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ops = _ops(lambda: ours(x_ours).square().sum().backward())
+    assert 'mkldnn::_linear_pointwise' not in ops and '_GeluLinearBackward' in ops
+    reference(x_ref).square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)

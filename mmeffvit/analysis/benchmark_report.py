@@ -115,16 +115,23 @@ def _md_table(header, rows, align=None):
     return lines
 
 
+_GEMM_NAMES = {'onednn': 'oneDNN', 'aten': 'MKL'}  # mmeffvit.models.layers.linear.LINEAR_KERNEL
+
+
 def _machine_lines(data):
     mach = data['machine']
-    lines = [f"- CPU: {mach.get('cpu', '?')}; {mach.get('cores', '?')} logical cores "
+    isa = f" ({mach['cpu_capability']} kernels of ATen)" if 'cpu_capability' in mach else ''
+    lines = [f"- CPU: {mach.get('cpu', '?')}{isa}; {mach.get('cores', '?')} logical cores "
              f"({mach.get('affinity', '?')} usable by this process), "
              f"{mach.get('memory_gib', '?')} GiB memory"]
     if 'gpu' in mach:
         lines.append(f"- GPU: {mach['gpu']} (CUDA {mach.get('cuda', '?')})")
     lines.append(f"- threads: {mach.get('threads', '?')}; device {data['options']['device']}, "
                  f"dtype {data['options']['dtype']}"
-                 f"{', torch.compile' if data['options'].get('compile') else ''}")
+                 f"{', torch.compile' if data['options'].get('compile') else ''}"
+                 + (f"; mmeffvit's linear layers on "
+                    f"{_GEMM_NAMES.get(mach['linear_kernel'], mach['linear_kernel'])}'s GEMM"
+                    if 'linear_kernel' in mach else ''))
     lines.append(f"- torch {mach.get('torch', '?')}, mmengine {mach.get('mmengine', '?')}, "
                  f"mmcv {mach.get('mmcv', '?')}, mmdet {mach.get('mmdet', '?')}, "
                  f"Python {mach.get('python', '?')}; mmeffvit compiled ops: "

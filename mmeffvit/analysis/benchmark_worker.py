@@ -258,6 +258,9 @@ def machine_info(job, opts):
         info['mmeffvit_ops'] = 'compiled' if ops.load_ext() is not None else 'not built'
     except Exception as err:  # noqa: BLE001
         info['mmeffvit_ops'] = f'unavailable ({err})'
+    info['cpu_capability'] = torch.backends.cpu.get_cpu_capability()
+    from mmeffvit.models.layers import linear
+    info['linear_kernel'] = linear.LINEAR_KERNEL  # chosen by the ISA: runs differ by machine
     if opts['device'].startswith('cuda'):
         props = torch.cuda.get_device_properties(0)
         info['gpu'] = f'{props.name}, {props.total_memory / 2**30:.0f} GiB'

@@ -3,8 +3,8 @@
 
 Why not torch's own ``nn.Linear`` / timm's ``Mlp``: in eager PyTorch a CPU ``addmm`` first
 copies the broadcast bias into its output and then accumulates the product on it, and GELU is
-one more pass over the ``(N, 4C)`` hidden map. At stage 1 of an 800×1333 image (2 threads,
-measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21.1 ms, and fc1 + GELU
+one more pass over the ``(N, 4C)`` hidden map. At stage 1 of an 800×1333 image (Zen 4, 2
+threads, measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21.1 ms, and fc1 + GELU
 97 → 63 ms. ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU backend emits for
 these patterns. Results equal the eager ones to float rounding (the GEMM's summation order).
 
@@ -21,10 +21,15 @@ rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map.
 :func:`project_heads` is a fused projection (``qkv``, ``kv``) split into per-head views, whose
 backward writes the parts' gradients over the spent projection.
 
+On a CPU without AVX-512 the same functions run MKL's GEMM instead of oneDNN's, which is slower
+there (:func:`choose_linear_kernel`); the memory savings of the autograd functions stay.
+
 The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
 functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
 operators).
 """
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -36,6 +41,29 @@ from .norm import LayerNormFP32
 
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
                                                                    '_linear_pointwise')
+LINEAR_KERNELS = ('onednn', 'aten')
+
+
+def choose_linear_kernel(capability=None, override=None) -> str:
+    """The GEMM behind the fused path: ``'onednn'`` (``mkldnn::_linear_pointwise``) or
+    ``'aten'`` (``F.linear``, MKL's GEMM; GELU in place after it).
+
+    oneDNN's fp32 kernels beat MKL's GEMM on an AVX-512 CPU (Zen 4, the numbers above), not on an
+    AVX2-only one: on Zen 3 (2 threads, 800×1333, in-process A/B, min of 3-4) inference took
+    FLatten-Swin-T 1.90 s with oneDNN against 1.60 s with MKL, FLatten-PVT-T 0.81 / 0.74,
+    Focal-T 2.50 / 2.31, L2ViT-T 2.19 / 2.10. ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
+    override = os.environ.get('MMEFFVIT_LINEAR_KERNEL', '') if override is None else override
+    if override:
+        if override not in LINEAR_KERNELS:
+            raise ValueError(f'MMEFFVIT_LINEAR_KERNEL={override!r}: expected one of '
+                             f'{LINEAR_KERNELS}')
+        return 'onednn' if override == 'onednn' and _ONEDNN_LINEAR else 'aten'
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    return 'onednn' if _ONEDNN_LINEAR and capability.startswith('AVX512') else 'aten'
+
+
+LINEAR_KERNEL = choose_linear_kernel()
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -57,9 +85,13 @@ def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def fused_linear(x, weight, bias, activation='none'):
-    """oneDNN's ``activation(x @ weightᵀ + bias)`` (``'none'`` or ``'gelu'``, exact erf)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [],
-                                              'none' if activation == 'gelu' else '')
+    """``activation(x @ weightᵀ + bias)`` (``'none'`` or ``'gelu'``, exact erf) through
+    :data:`LINEAR_KERNEL`: one oneDNN call, or ``F.linear`` and GELU in place."""
+    if LINEAR_KERNEL == 'onednn':
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [],
+                                                  'none' if activation == 'gelu' else '')
+    out = F.linear(x, weight, bias)
+    return torch.ops.aten.gelu_(out) if activation == 'gelu' else out
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -97,8 +129,8 @@ def _input_grad(grad_out, weight):
     ``matmul`` is slow on these narrow outputs: at 66 800 rows (stage 1 at 800×1333, 2 threads)
     ``[N, 288]·[288, 96]`` ran at 45-61 GMAC/s against oneDNN's 80-88, ``[N, 96]·[96, 96]``
     49-64 against 65-73 (two runs); equal to float rounding (the summation order)."""
-    if (not torch.is_grad_enabled() and grad_out.is_contiguous()
-            and onednn_applies(grad_out, weight)):
+    if (LINEAR_KERNEL == 'onednn' and not torch.is_grad_enabled()
+            and grad_out.is_contiguous() and onednn_applies(grad_out, weight)):
         return fused_linear(grad_out, weight.t().contiguous(), None)
     return grad_out.matmul(weight)
 
