@@ -4,9 +4,10 @@
 Why not torch's own ``nn.Linear`` / timm's ``Mlp``: in eager PyTorch a CPU ``addmm`` first
 copies the broadcast bias into its output and then accumulates the product on it, and GELU is
 one more pass over the ``(N, 4C)`` hidden map. At stage 1 of an 800×1333 image (Zen 4, 2
-threads, measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21.1 ms, and fc1 + GELU
-97 → 63 ms. ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU backend emits for
-these patterns. Results equal the eager ones to float rounding (the GEMM's summation order).
+threads, measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21.1 ms, and
+fc1 + GELU 97 → 63 ms. ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU backend
+emits for these patterns. Results equal the eager ones to float rounding (the GEMM's summation
+order).
 
 In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
 pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is two GEMMs and the bias
@@ -53,14 +54,12 @@ def choose_linear_kernel(capability=None, override=None) -> str:
     FLatten-Swin-T 1.90 s with oneDNN against 1.60 s with MKL, FLatten-PVT-T 0.81 / 0.74,
     Focal-T 2.50 / 2.31, L2ViT-T 2.19 / 2.10. ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
     override = os.environ.get('MMEFFVIT_LINEAR_KERNEL', '') if override is None else override
-    if override:
-        if override not in LINEAR_KERNELS:
-            raise ValueError(f'MMEFFVIT_LINEAR_KERNEL={override!r}: expected one of '
-                             f'{LINEAR_KERNELS}')
-        return 'onednn' if override == 'onednn' and _ONEDNN_LINEAR else 'aten'
-    if capability is None:
-        capability = torch.backends.cpu.get_cpu_capability()
-    return 'onednn' if _ONEDNN_LINEAR and capability.startswith('AVX512') else 'aten'
+    if override and override not in LINEAR_KERNELS:
+        raise ValueError(f'MMEFFVIT_LINEAR_KERNEL={override!r}: expected one of {LINEAR_KERNELS}')
+    if not override:
+        capability = capability or torch.backends.cpu.get_cpu_capability()
+        override = 'onednn' if capability.startswith('AVX512') else 'aten'
+    return override if _ONEDNN_LINEAR else 'aten'  # a torch without the kernel has one choice
 
 
 LINEAR_KERNEL = choose_linear_kernel()
@@ -96,8 +95,9 @@ def fused_linear(x, weight, bias, activation='none'):
 
 class _OneDNNLinear(torch.autograd.Function):
     """``x @ weightᵀ + bias`` with the bias fused into oneDNN's forward GEMM; the backward is
-    the one of ``addmm`` (``dx = dy·W``, ``dW = dyᵀ·x``, ``db = Σ dy``; ``dx`` through oneDNN,
-    :func:`_input_grad`), with differentiable operators under double backward."""
+    the one of ``addmm`` (``dx = dy·W``, ``dW = dyᵀ·x``, ``db = Σ dy``; ``dx`` through oneDNN
+    where it is :data:`LINEAR_KERNEL`, :func:`_input_grad`), with differentiable operators under
+    double backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
