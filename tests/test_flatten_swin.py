@@ -216,6 +216,28 @@ def test_window_block_matches_dense_reference(hw, shift, rule):
                                rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('hw,qkv_bias', [((9, 13), True), ((9, 13), False), ((8, 12), True)])
+def test_window_block_gradients_match_dense_reference(hw, qkv_bias, dtype):
+    """Training: a padded map projects only its H×W tokens (the padding's qkv is the bias) and
+    projects after the crop; values and gradients equal those of the dense padded reference."""
+    torch.manual_seed(0)
+    blk = FLattenSwinBlock(16, 2, attn_type='S', window_size=4, shift_size=2,
+                           qkv_bias=qkv_bias).to(dtype).train()
+    with torch.no_grad():
+        blk.attn.relative_position_bias_table.normal_(0, 1)
+        if qkv_bias:
+            blk.attn.qkv.bias.normal_(0, 1)
+    x = torch.randn(2, hw[0] * hw[1], 16, dtype=dtype, requires_grad=True)
+    params = [x] + list(blk.parameters())
+    grad_out = torch.randn(2, hw[0] * hw[1], 16, dtype=dtype)
+    got = torch.autograd.grad(blk(x, hw), params, grad_out)
+    want = torch.autograd.grad(dense_window_block_reference(blk, x, hw), params, grad_out)
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    for name, g, w in zip(['x'] + [n for n, _ in blk.named_parameters()], got, want):
+        torch.testing.assert_close(g, w, msg=name, **tol)
+
+
 # -- dense-prediction behaviour ------------------------------------------------------------------
 def small(**kwargs):
     return FLattenSwin(dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4]),

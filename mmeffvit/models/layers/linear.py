@@ -299,8 +299,16 @@ def project_heads(fc, x, parts, num_heads):
     an unhooked ``fc``, the parts' gradients are written back over the spent output
     (:class:`_SplitHeadsOverSpent`); otherwise the plain split. Same values either way."""
     projected = fc(x)
-    if (_needs_grad(projected) and _without_hooks(fc) and projected.dim() == 3
-            and projected.is_contiguous()):
+    if _without_hooks(fc):  # a hook may hold the output
+        return split_owned_heads(projected, parts, num_heads)
+    return split_heads(projected, parts, num_heads)
+
+
+def split_owned_heads(projected, parts, num_heads):
+    """``split_heads(projected, parts, num_heads)`` of a projection the caller made and nothing
+    else holds: where autograd records it on a contiguous tensor, the parts' gradients are
+    written back over it (:class:`_SplitHeadsOverSpent`). Same values either way."""
+    if _needs_grad(projected) and projected.dim() == 3 and projected.is_contiguous():
         return _SplitHeadsOverSpent.apply(projected, parts, num_heads)
     return split_heads(projected, parts, num_heads)
 

@@ -462,14 +462,19 @@ class WindowMSA(nn.Module):
 
     def forward(self, x, window=None, mask=None):
         """Args: x ``(B·nW, w², C)`` window tokens of side ``window`` (for the bias); mask
-        ``(nW, w², w²)`` or None.
+        ``(nW, w², w²)`` or None. Returns ``(B·nW, w², C)``."""
+        q, k, v = project_heads(self.qkv, x, 3, self.num_heads)
+        return self.proj_drop(self.proj(self.attend(q, k, v, window, mask)))
 
-        ``softmax(q·kᵀ·d^-1/2 + bias + mask)·v`` through ``F.scaled_dot_product_attention``:
-        its fused CPU/GPU kernels never store the probabilities for backward.
+    def attend(self, q, k, v, window=None, mask=None):
+        """``softmax(q·kᵀ·d^-1/2 + bias + mask)·v`` on per-head ``(B·nW, h, w², d)`` windows,
+        heads merged into ``(B·nW, w², C)``, before ``proj`` (callers that project outside
+        the windows call this and ``proj`` themselves).
+
+        Through ``F.scaled_dot_product_attention``: its fused CPU/GPU kernels never store the
+        probabilities for backward.
         """
-        bw, n, c = x.shape
-        h = self.num_heads
-        q, k, v = project_heads(self.qkv, x, 3, h)
+        bw, h, n, _ = q.shape
         images = 1 if mask is None else bw // mask.shape[0]
         drop = self.attn_drop.p if self.training else 0.
         if self.window_size is not None and not cache_allowed(self.relative_position_bias_table):
@@ -482,7 +487,7 @@ class WindowMSA(nn.Module):
             attn_mask = self.attention_mask(window, mask, q.dtype, images)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop,
                                                  scale=self.qk_scale)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(bw, n, c)))
+        return out.transpose(1, 2).reshape(bw, n, h * v.shape[-1])
 
 
 def resize_bias_table(table, rows, what='relative_position_bias_table'):

@@ -101,3 +101,28 @@ def _window_order_inverse(height, width, hp, wp, window, shift, device, inferenc
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
     return inverse.view(hp, wp)[:height, :width].reshape(-1)
+
+
+def window_order_unpadded(height, width, window, shift=0, device=None):
+    """:func:`window_order` with slots that index the ``H×W`` map itself, for callers that
+    project the tokens before the window partition (the padding's projection is constant: the
+    layer's bias). Cached, shared.
+
+    Returns:
+        tuple[LongTensor, LongTensor]: ``(Hp·Wp, )`` token of every window slot in the
+        ``(B, H·W, C)`` map (0 for padding), and the ``(P, )`` slots that are padding.
+    """
+    return _window_order_unpadded(height, width, _pair(window), shift, device,
+                                  torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=64)
+def _window_order_unpadded(height, width, window, shift, device, inference):
+    wh, ww = _pair(window)
+    hp, wp = height + -height % wh, width + -width % ww
+    order = window_order(hp, wp, window, shift, device)
+    rows, cols = order // wp, order % wp
+    inside = (rows < height) & (cols < width)
+    slots = torch.where(inside, rows * width + cols, torch.zeros_like(order))
+    return slots, (~inside).nonzero().flatten()
+
