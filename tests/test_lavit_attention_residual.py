@@ -167,6 +167,27 @@ def test_vanilla_attention_without_scores_equals_explicit_scores(with_mask):
             torch.testing.assert_close(a, b, **tol)
 
 
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+def test_vanilla_attention_inference_blocks_equal_the_full_maps(monkeypatch, dtype):
+    """Without probabilities, inference makes scores, softmax and output by blocks of query
+    rows (here 5 rows a block, the last one shorter): the same scores and output."""
+    from mmeffvit.models.layers import less_attention
+    torch.manual_seed(0)
+    va = VanillaAttention(16, 2, sr_ratio=2).to(dtype).eval()
+    x = torch.randn(3, 6 * 8, 16, dtype=dtype)
+    residual = torch.randn(3, 2, 48, 12, dtype=dtype)
+    # equal up to the summation order of GEMMs of other shapes
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(less_attention, '_SCORE_BLOCK_ELEMENTS', 3 * 2 * 12 * 5)
+    for res in (None, residual, residual[:1, :, :, :1]):
+        with torch.no_grad():
+            out, scores, probs, _ = va(x, (6, 8), res, need_probs=False)
+            ref_out, ref_scores, ref_probs, _ = va(x, (6, 8), res)
+        assert probs is None and ref_probs is not None
+        torch.testing.assert_close(scores, ref_scores, **tol)
+        torch.testing.assert_close(out, ref_out, **tol)
+
+
 def test_forward_has_no_host_synchronisation():
     """Masks and windows are decided on integers: no ``.item()`` / ``bool(tensor)`` in a forward
     (each is an ``aten::_local_scalar_dense`` call, a device sync on a GPU)."""

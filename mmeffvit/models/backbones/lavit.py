@@ -55,8 +55,9 @@ class LaViTBlock(nn.Module):
         if self.less_attention:
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, prev_scores, key_mask)
         else:
+            # a VA layer's probabilities feed nothing here (the loss reads LA layers')
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, residual, key_mask,
-                                               need_scores=need_scores)
+                                               need_scores=need_scores, need_probs=False)
         x = x + self.drop_path(y)
         return (mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True), scores, probs,
                 k_hw)

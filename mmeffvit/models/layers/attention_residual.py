@@ -61,11 +61,16 @@ class _QueryGridConv(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, attn, weight, stride, out_hw):
+    def forward(ctx, attn, weight, bias, stride, out_hw):
         b, h, hq, wq, nk = attn.shape
         o, k = weight.shape[0], weight.shape[-1]
         rows, cols = _taps(hq, out_hw[0], k, stride), _taps(wq, out_hw[1], k, stride)
-        out = attn.new_zeros(b, o, out_hw[0], out_hw[1], nk)
+        # the bias is the sums' start: no second full-size map for ``out + bias``
+        out = attn.new_empty(b, o, out_hw[0], out_hw[1], nk)
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.view(1, o, 1, 1, 1).expand_as(out))
         for i in range(k):
             for j in range(k):
                 if not rows[i] or not cols[j]:
@@ -87,7 +92,9 @@ class _QueryGridConv(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         need_attn, need_weight = ctx.needs_input_grad[:2]
         covered = k == stride and sum(rows) == attn.shape[2] and sum(cols) == attn.shape[3]
-        grad_attn = grad_weight = None
+        grad_attn = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_out.sum((0, 2, 3, 4))
         if need_attn:  # every input read exactly once when k == s: no zero fill needed
             grad_attn = torch.empty_like(attn) if covered else torch.zeros_like(attn)
         if need_weight:
@@ -106,7 +113,7 @@ class _QueryGridConv(torch.autograd.Function):
                 if need_weight:
                     grad_weight[:, :, i, j] = torch.matmul(
                         g.reshape(b, o, -1), src.reshape(b, h, -1).transpose(1, 2)).sum(0)
-        return grad_attn, grad_weight, None, None
+        return grad_attn, grad_weight, grad_bias, None, None
 
 
 @register_model
@@ -184,15 +191,18 @@ class AttentionResidualDownsample(BaseModule):
             raise ValueError(f'attention {tuple(attn.shape)} does not match in_heads='
                              f'{self.in_heads}, q_hw={tuple(q_hw)}, k_hw={tuple(k_hw)}')
 
-    def _conv(self, attn, q_hw, out_hw, weight):
-        """``(B, in, Hq*Wq, Nk)`` → ``(B, out, Hq'*Wq', Nk)`` without bias."""
+    def _conv(self, attn, q_hw, out_hw, weight, bias=None):
+        """``(B, in, Hq*Wq, Nk)`` → ``(B, out, Hq'*Wq', Nk)``, plus ``bias (out, )`` if given."""
         b, h, _, nk = attn.shape
         grid = attn.reshape(b, h, *q_hw, nk)
         weight = weight.to(attn.dtype)  # the scores' dtype, as a conv under autocast
+        bias = None if bias is None else bias.to(attn.dtype)
         if torch.jit.is_tracing():  # what a MAC counter sees: the official dwconv → pwconv
             out = self._unfolded_conv(grid, out_hw)
+            if bias is not None:
+                out = out + bias.view(1, -1, 1, 1, 1)
         else:
-            out = _QueryGridConv.apply(grid, weight, self.stride, tuple(out_hw))
+            out = _QueryGridConv.apply(grid, weight, bias, self.stride, tuple(out_hw))
         return out.reshape(b, self.out_heads, out_hw[0] * out_hw[1], nk)
 
     def _unfolded_conv(self, grid, out_hw):
@@ -223,8 +233,7 @@ class AttentionResidualDownsample(BaseModule):
         self._check(attn, q_hw, k_hw)
         weight, bias = self.folded()
         oq = self.out_grid(q_hw)
-        x = self._conv(attn, q_hw, oq, weight)
-        x = x + bias.to(x.dtype).view(1, -1, 1, 1)
+        x = self._conv(attn, q_hw, oq, weight, bias)
         if self.key_stride > 1:
             b, s = x.shape[0], self.key_stride
             grid = x.reshape(b * self.out_heads, oq[0] * oq[1], *k_hw)
@@ -310,7 +319,10 @@ class AttentionResidualDownsample(BaseModule):
         if geo['in_valid'] is not None:
             blocks = blocks * geo['in_valid'].repeat(b, 1, 1, 1, 1)
         weight, bias = self.folded()
-        x = self._conv(blocks.view(b * n, h, -1, blocks.shape[-1]), geo['in_q'], q_win, weight)
+        blocks = blocks.view(b * n, h, -1, blocks.shape[-1])
+        if self.key_stride == 1 and geo['out_valid'] is None:  # every entry gets the bias
+            return self._conv(blocks, geo['in_q'], q_win, weight, bias)
+        x = self._conv(blocks, geo['in_q'], q_win, weight)
         if self.key_stride > 1:
             s, (kh, kw) = self.key_stride, k_win
             x = x.reshape(b * n, self.out_heads, -1, kh, s, kw, s).sum((4, 6))

@@ -63,6 +63,40 @@ class _SoftmaxValues(torch.autograd.Function):
         return grad_scores, grad_v
 
 
+# Query rows per block of softmax_values_blocked: a 2 MiB fp32 block of scores per row block
+_SCORE_BLOCK_ELEMENTS = 1 << 19
+
+
+def scores_softmax_values(q, k, v, scale, residual=None):
+    """Inference: ``A = (q·scale) kᵀ (+ residual)`` and ``softmax(A) v``, by blocks of query
+    rows. Each block's scores are made in a small buffer, copied into ``A`` (which the caller
+    keeps for the next layers) and turned into probabilities and output while in cache: no
+    full-size probability map is written and ``A`` is not read back (stage 1 of LaViT-T at
+    800×1333: a 66 800 × 1025 map, 274 MB, per pass). Same operators on the same rows as the
+    unblocked form.
+
+    Args: q ``(B, H, N, d)``, k ``(B, H, Nk, d)``, v ``(B, H, Nk, e)``, residual broadcastable to
+    ``(B, H, N, Nk)``. Returns the output ``(B, N, H, e)`` and ``A`` ``(B, H, N, Nk)``.
+    """
+    b, h, n, _ = q.shape
+    nk = k.shape[-2]
+    step = max(1, _SCORE_BLOCK_ELEMENTS // (b * h * nk))
+    key_t = k.transpose(-2, -1)
+    scores = out = None
+    for start in range(0, n, step):
+        rows = slice(start, min(start + step, n))
+        block = torch.matmul(q[:, :, rows] * scale, key_t)
+        if residual is not None:
+            block = block.add_(residual.expand(b, h, n, nk)[:, :, rows].to(block.dtype))
+        values = torch.matmul(masked_softmax(block).to(v.dtype), v)  # dtypes as autocast's
+        if scores is None:
+            scores = block.new_empty(b, h, n, nk)
+            out = values.new_empty(b, n, h, values.shape[-1])
+        scores[:, :, rows] = block
+        out[:, rows] = values.transpose(1, 2)
+    return out, scores
+
+
 class _ScoreAttention(SpatialReductionMixin, nn.Module):
     """What VA and LA layers share: PVT's key/value reduction, the heads, and the attention of
     explicit scores, ``proj(softmax(A) V)``."""
@@ -117,14 +151,16 @@ class VanillaAttention(_ScoreAttention):
         self.proj = Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, hw_shape, residual=None, key_mask=None, need_scores=True):
+    def forward(self, x, hw_shape, residual=None, key_mask=None, need_scores=True,
+                need_probs=True):
         """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` added to the scores (AR, Eq. 7);
-        need_scores: False when nobody reads this layer's scores.
+        need_scores / need_probs: False when nobody reads this layer's scores / probabilities.
 
         Returns:
             tuple: output ``(B, N, C)``, scores ``(B, H, N, Nk)`` (pre-softmax, unmasked),
             probabilities ``(B, H, N, Nk)`` and the key grid; scores and probabilities are None
-            when not needed (then ``F.scaled_dot_product_attention`` stores no map).
+            when not needed (then ``F.scaled_dot_product_attention`` stores no map; with
+            scores but no probabilities, inference runs :func:`scores_softmax_values`).
         """
         b, n, c = x.shape
         h = self.num_heads
@@ -146,6 +182,11 @@ class VanillaAttention(_ScoreAttention):
                 q, k, v, attn_mask=mask, dropout_p=self.attn_drop.p if self.training else 0.)
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
             return out, None, None, k_hw
+        if (not need_probs and key_mask is None and not torch.is_grad_enabled()
+                and not (self.training and self.attn_drop.p > 0) and not torch.jit.is_tracing()):
+            out, scores = scores_softmax_values(q, k, v, self.scale, residual)
+            out = self.proj_drop(self.proj(out.view(b, n, c)))
+            return out, scores, None, k_hw
         scores = (q * self.scale) @ k.transpose(-2, -1)
         if residual is not None:
             scores = scores + residual.to(scores.dtype)
