@@ -1,4 +1,5 @@
 """``mmeffvit/utils/tensor.py``: the token / head layout helpers the families share."""
+import pytest
 import torch
 from torch.profiler import profile
 
@@ -29,3 +30,21 @@ def test_split_heads_gives_the_permuted_views_and_a_copy_free_backward():
     qkv.grad = None
     assert 'aten::clone' in backward_ops(permuted.unbind(0))
     torch.testing.assert_close(mine, qkv.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('shape,hw', [((2, 35 * 41, 24), (35, 41)), ((1, 7 * 9, 5), (7, 9)),
+                                      ((3, 1 * 300, 2), (1, 300))])
+def test_tokens_to_contiguous_map_equals_the_permuted_copy(monkeypatch, shape, hw):
+    from mmeffvit.utils import tensor
+    monkeypatch.setattr(tensor, '_TRANSPOSE_BLOCK_ELEMENTS', 64 * shape[2] + 7)  # ragged blocks
+    tokens = torch.randn(shape)
+    want = tokens.transpose(1, 2).reshape(shape[0], shape[2], *hw).contiguous()
+    got = tensor.tokens_to_contiguous_map(tokens, hw)
+    assert got.is_contiguous() and torch.equal(got, want)
+    strided = torch.randn(shape[0], shape[1], 2 * shape[2])[..., ::2]  # not contiguous tokens
+    assert torch.equal(tensor.tokens_to_contiguous_map(strided, hw),
+                       strided.transpose(1, 2).reshape(shape[0], shape[2], *hw).contiguous())
+    leaf = tokens.clone().requires_grad_()
+    out = tensor.tokens_to_contiguous_map(leaf, hw)  # autograd: the plain copy
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out, want) and torch.equal(leaf.grad, torch.ones_like(leaf))

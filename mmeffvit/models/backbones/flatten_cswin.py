@@ -6,7 +6,7 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import map_to_tokens, tokens_to_map
+from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from ..layers.linear import Linear, Mlp, mlp_residual
 from .base import EffBackbone, check_stage_args, resolve_arch
@@ -398,5 +398,5 @@ class FLattenCSWin(EffBackbone):
                 x = self._run_block(blk, x, hw)
             if i in self.out_indices:
                 y = getattr(self, f'norm{i}')(x) if self.out_norm else x
-                outs.append(tokens_to_map(y, hw).contiguous())
+                outs.append(tokens_to_contiguous_map(y, hw))
         return tuple(outs)

@@ -7,7 +7,7 @@ from timm.layers import DropPath, LayerNorm2d, PatchEmbed
 
 from ...registry import register_model
 from ... import ops
-from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
+from ...utils import resize_token_grid, tokens_to_contiguous_map, unknown_choice_error
 from ..layers import FocusedLinearAttention, LayerNormFP32
 from ..layers.linear import Mlp, mlp_residual
 from .base import EffBackbone, resolve_arch
@@ -295,7 +295,7 @@ class FLattenDeiT(EffBackbone):
         patches = x[:, self.num_extra_tokens:]
         if self.out_type == 'avg_featmap':
             return patches.mean(dim=1)
-        return tokens_to_map(patches, hw).contiguous()
+        return tokens_to_contiguous_map(patches, hw)
 
     def forward(self, x):
         x = self.patch_embed(x)  # pads to patch multiples (bottom/right)

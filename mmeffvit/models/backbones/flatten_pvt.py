@@ -4,7 +4,7 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ...utils import TokenGridResizeCache, tokens_to_map
+from ...utils import TokenGridResizeCache, tokens_to_contiguous_map
 from ..layers import FLattenPVTBlock, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -151,7 +151,7 @@ class FLattenPVT(EffBackbone):
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             for blk in getattr(self, f'block{i + 1}'):
                 x = blk(x, hw)
-            x = tokens_to_map(x, hw).contiguous()
+            x = tokens_to_contiguous_map(x, hw)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

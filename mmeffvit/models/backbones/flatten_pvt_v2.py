@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from ...registry import register_model
-from ...utils import tokens_to_map
+from ...utils import tokens_to_contiguous_map
 from ..layers import FLattenPVTBlock, LayerNormFP32, PatchEmbed
 from .base import EffBackbone, check_stage_args, resolve_arch
 
@@ -173,7 +173,7 @@ class FLattenPVTv2(EffBackbone):
             for blk in getattr(self, f'block{i + 1}'):
                 x = blk(x, hw)
             x = getattr(self, f'norm{i + 1}')(x)
-            x = tokens_to_map(x, hw).contiguous()
+            x = tokens_to_contiguous_map(x, hw)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

@@ -7,7 +7,7 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import tokens_to_map
+from ...utils import tokens_to_contiguous_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.linear import (Linear, Mlp, mlp_residual, project_heads,
                              split_owned_heads)
@@ -313,7 +313,7 @@ class FLattenSwin(EffBackbone):
                     x = blk(x, hw)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(tokens_to_map(out, hw).contiguous())
+                outs.append(tokens_to_contiguous_map(out, hw))
             if layer.downsample is not None:
                 x, hw = layer.downsample(x, hw)
         return tuple(outs)

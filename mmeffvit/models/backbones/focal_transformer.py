@@ -14,7 +14,7 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import tokens_to_map, unknown_choice_error
+from ...utils import tokens_to_contiguous_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.linear import Linear, Mlp, mlp_residual
 from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
@@ -604,7 +604,7 @@ class FocalTransformer(EffBackbone):
                     x = blk(x, hw, cache[key])
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(tokens_to_map(out, hw).contiguous())
+                outs.append(tokens_to_contiguous_map(out, hw))
             if layer.downsample is not None:
                 # the map as a channels-last view of the tokens: the conv's last-bit rounding
                 # depends on the input layout, so this is kept as it was

@@ -5,7 +5,7 @@ from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath
 
 from ...registry import register_model
-from ...utils import map_to_tokens, tokens_to_map
+from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
 from ..layers import DepthwiseConv2d, LayerNormFP32, PatchEmbed, WindowMSA
 from ..layers.clamped_linear_attention import clamped_linear_attention
 from ..layers.linear import Linear, Mlp, mlp_residual, project_heads
@@ -271,5 +271,5 @@ class L2ViT(EffBackbone):
                 x = blk(x, hw)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
-                outs.append(tokens_to_map(out, hw).contiguous())
+                outs.append(tokens_to_contiguous_map(out, hw))
         return tuple(outs)

@@ -9,7 +9,7 @@ from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath
 
 from ...registry import MODELS, register_model
-from ...utils import resize_token_grid, tokens_to_map, unknown_choice_error
+from ...utils import resize_token_grid, tokens_to_contiguous_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample
 from ..layers.less_attention import LessAttention, VanillaAttention
@@ -358,7 +358,7 @@ class LaViT(EffBackbone):
                                     mode='bilinear')
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             x, carry = self._stage(i, x, hw, carry, la_maps)
-            x = tokens_to_map(x, hw).contiguous()
+            x = tokens_to_contiguous_map(x, hw)
             if i in self.out_indices:
                 outs.append(x[..., :-(-in_hw[0] // strides[i]), :-(-in_hw[1] // strides[i])])
         self._aux = {}
