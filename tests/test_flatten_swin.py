@@ -238,6 +238,22 @@ def test_window_block_gradients_match_dense_reference(hw, qkv_bias, dtype):
         torch.testing.assert_close(g, w, msg=name, **tol)
 
 
+def test_hooked_window_attention_is_called_as_a_module_with_the_same_output():
+    """A hook on ``attn`` (the attention-map tools) sees the module's own call on the padded
+    windows; the output equals the unhooked path that projects only the real tokens."""
+    torch.manual_seed(0)
+    blk = FLattenSwinBlock(16, 2, attn_type='S', window_size=4, shift_size=2).eval()
+    x, hw = torch.randn(2, 9 * 13, 16), (9, 13)
+    seen = []
+    with torch.no_grad():
+        plain = blk(x, hw)
+        handle = blk.attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
+        hooked = blk(x, hw)
+        handle.remove()
+    assert seen == [(2 * 3 * 4, 16, 16)]  # the 12×16 padded map: 3×4 windows per image
+    torch.testing.assert_close(hooked, plain, rtol=1e-5, atol=1e-6)
+
+
 # -- dense-prediction behaviour ------------------------------------------------------------------
 def small(**kwargs):
     return FLattenSwin(dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4]),

@@ -9,10 +9,10 @@ from timm.layers import DropPath
 from ...registry import register_model
 from ...utils import tokens_to_contiguous_map
 from ..layers import FocusedLinearAttention, LayerNormFP32, PatchEmbed, WindowMSA
-from ..layers.linear import (Linear, Mlp, mlp_residual, project_heads,
-                             split_owned_heads)
+from ..layers.linear import Linear, Mlp, _without_hooks, mlp_residual, split_owned_heads
 from ..layers.relative_position import cached_shifted_window_mask
-from ..layers.window import window_order, window_order_inverse, window_order_unpadded
+from ..layers.window import (pad_to_windows, window_order, window_order_inverse,
+                             window_order_unpadded)
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 
@@ -70,18 +70,18 @@ class FLattenSwinBlock(nn.Module):
         mask = cached_shifted_window_mask(hp, wp, window, shift, x.device) if shift else None
         # roll by -shift and window partition as one gather, the reverse (window reverse, roll
         # back, crop) as another, with indices cached per geometry (Swin's shift, sec. 3.2)
-        heads = self.attn.num_heads
-        if hp * wp > n:
-            windows = self._padded_qkv_windows(x, hw_shape, window, shift)
-            q, k, v = split_owned_heads(windows.view(-1, window * window, 3 * c), 3, heads)
-        else:
-            windows = x.index_select(1, window_order(hp, wp, window, shift, x.device))
-            q, k, v = project_heads(self.attn.qkv, windows.view(-1, window * window, c), 3,
-                                    heads)
-        out = self.attn.attend(q, k, v, window, mask)
         back = window_order_inverse(height, width, hp, wp, window, shift, x.device)
-        # proj after the crop: the padding's outputs are dropped unprojected
-        return self.attn.proj_drop(self.attn.proj(out.reshape(b, -1, c).index_select(1, back)))
+        if hp * wp > n and _without_hooks(self.attn):  # hooks see the module's own call
+            windows = self._padded_qkv_windows(x, hw_shape, window, shift)
+            q, k, v = split_owned_heads(windows.view(-1, window * window, 3 * c), 3,
+                                        self.attn.num_heads)
+            out = self.attn.attend(q, k, v, window, mask).reshape(b, -1, c).index_select(1, back)
+            # proj after the crop: the padding's outputs are dropped unprojected
+            return self.attn.proj_drop(self.attn.proj(out))
+        x = pad_to_windows(x.view(b, height, width, c), window).reshape(b, hp * wp, c)
+        windows = x.index_select(1, window_order(hp, wp, window, shift, x.device))
+        out = self.attn(windows.view(-1, window * window, c), window, mask)
+        return out.reshape(b, -1, c).index_select(1, back)
 
     def _padded_qkv_windows(self, x, hw_shape, window, shift):
         """``qkv`` of the zero-padded map in window order, projecting only the ``H×W`` tokens:
