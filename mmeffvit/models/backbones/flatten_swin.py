@@ -26,7 +26,8 @@ class FLattenSwinBlock(nn.Module):
     ``'S'``: :class:`WindowMSA` on ``window_size`` windows, cyclically shifted by ``shift_size``
     (odd blocks). The normalised map is zero-padded at the bottom/right to window multiples, the
     shift masks are built for the padded size at run time, and the result is cropped back
-    (mmdet's Swin). With ``official_window_rule`` a map whose shorter side is ``≤ window_size``
+    (mmdet's Swin); only the real tokens go through ``qkv`` and ``proj`` (a padding token's
+    ``qkv`` is the bias). With ``official_window_rule`` a map whose shorter side is ``≤ window_size``
     uses one window of that side and no shift, as the official (fixed-size) code decides at
     construction.
     """

@@ -63,7 +63,7 @@ class _SoftmaxValues(torch.autograd.Function):
         return grad_scores, grad_v
 
 
-# Query rows per block of softmax_values_blocked: a 2 MiB fp32 block of scores per row block
+# Query rows per block of scores_softmax_values: a 2 MiB fp32 block of scores
 _SCORE_BLOCK_ELEMENTS = 1 << 19
 
 
