@@ -27,9 +27,9 @@ class FLattenSwinBlock(nn.Module):
     (odd blocks). The normalised map is zero-padded at the bottom/right to window multiples, the
     shift masks are built for the padded size at run time, and the result is cropped back
     (mmdet's Swin); only the real tokens go through ``qkv`` and ``proj`` (a padding token's
-    ``qkv`` is the bias). With ``official_window_rule`` a map whose shorter side is ``≤ window_size``
-    uses one window of that side and no shift, as the official (fixed-size) code decides at
-    construction.
+    ``qkv`` is the bias). With ``official_window_rule`` a map whose shorter side is
+    ``≤ window_size`` uses one window of that side and no shift, as the official (fixed-size)
+    code decides at construction.
     """
 
     def __init__(self, embed_dims, num_heads, attn_type='L', window_size=7, shift_size=0,

@@ -82,12 +82,14 @@ def scores_softmax_values(q, k, v, scale, residual=None):
     nk = k.shape[-2]
     step = max(1, _SCORE_BLOCK_ELEMENTS // (b * h * nk))
     key_t = k.transpose(-2, -1)
+    if residual is not None:
+        residual = residual.expand(b, h, n, nk)
     scores = out = None
     for start in range(0, n, step):
         rows = slice(start, min(start + step, n))
         block = torch.matmul(q[:, :, rows] * scale, key_t)
         if residual is not None:
-            block = block.add_(residual.expand(b, h, n, nk)[:, :, rows].to(block.dtype))
+            block = block.add_(residual[:, :, rows].to(block.dtype))
         values = torch.matmul(masked_softmax(block).to(v.dtype), v)  # dtypes as autocast's
         if scores is None:
             scores = block.new_empty(b, h, n, nk)
