@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...ops.window_attention import window_attention, window_attention_applies
 from ...utils import square_side
 from .linear import Linear, project_heads
 
@@ -472,7 +473,9 @@ class WindowMSA(nn.Module):
         the windows call this and ``proj`` themselves).
 
         Through ``F.scaled_dot_product_attention``: its fused CPU/GPU kernels never store the
-        probabilities for backward.
+        probabilities for backward. In CPU inference without dropout through
+        :func:`mmeffvit.ops.window_attention` (one compiled pass per window and head; stage 3
+        of FLatten-Swin-T at 800×1333: see ``docs/profiles.md``, fourteenth round).
         """
         bw, h, n, _ = q.shape
         images = 1 if mask is None else bw // mask.shape[0]
@@ -485,6 +488,8 @@ class WindowMSA(nn.Module):
             out = biased_attention(q, k, v, bias, mask, self.qk_scale, drop)
         else:
             attn_mask = self.attention_mask(window, mask, q.dtype, images)
+            if drop == 0 and window_attention_applies(q, k, v, attn_mask):
+                return window_attention(q, k, v, attn_mask, self.qk_scale)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop,
                                                  scale=self.qk_scale)
         return out.transpose(1, 2).reshape(bw, n, h * v.shape[-1])

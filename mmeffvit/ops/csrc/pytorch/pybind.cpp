@@ -3,6 +3,7 @@
 
 #include "depthwise_conv.h"
 #include "linear_attention.h"
+#include "window_attention.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("focus_forward", &mmeffvit::focus_forward, "focusing function forward", py::arg("x"),
@@ -35,5 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "weight gradient of a stride-1 depthwise conv on channels-last maps (CPU)",
         py::arg("input"), py::arg("grad"), py::arg("kh"), py::arg("kw"), py::arg("ph"),
         py::arg("pw"));
+  m.def("window_attention_forward", &mmeffvit::window_attention_forward,
+        "softmax attention in small windows, heads merged, inference (CPU)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"));
   m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../depthwise_conv.h"
+#include "cpu_clones.h"
 
 namespace mmeffvit {
 namespace {
@@ -23,14 +24,7 @@ namespace {
 constexpr int64_t kRowsPerChunk = 4;
 
 // acc[c] += sum_x g[x, c] * v[x, c] over `cols` tokens (token strides sg, sv): channels in
-// blocks held in registers across the tokens. Compiled for AVX2 + FMA as well on x86-64 and
-// chosen when the library loads (the package is built for the baseline ISA).
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define MMEFFVIT_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define MMEFFVIT_CPU_CLONES
-#endif
-
+// blocks held in registers across the tokens (cloned for AVX2 + FMA below, cpu_clones.h).
 template <typename T>
 inline void tap_sum(T* acc, const T* g, const T* v, int64_t cols, int64_t sg, int64_t sv,
                     int64_t C) {
