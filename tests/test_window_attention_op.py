@@ -1,5 +1,7 @@
 """mmeffvit.ops.window_attention: the compiled CPU operator against an explicit float64 softmax,
 its fallbacks, argument checks, and the window attention of the models that call it."""
+import importlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,3 +169,138 @@ def test_window_msa_inference_matches_sdpa_path(monkeypatch, window_size):
         monkeypatch.setenv('MMEFFVIT_OPS', '1')
         out = attn(x, 7, mask)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def gathered_naive(q, bank, index, bias, key_mask, scale):
+    """Explicit float64 form of the gathered attention: each window's keys picked from the bank
+    by Python indexing, scores plus bias plus key mask, softmax, values; heads merged."""
+    bw, h, nq, d = q.shape
+    nw, nk = index.shape
+    out = torch.empty(bw, nq, h * d, dtype=torch.float64)
+    for b in range(bw):
+        image, window = divmod(b, nw)
+        for head in range(h):
+            rows = bank[image, index[window]].double()  # (nk, 2, h·d)
+            k = rows[:, 0, head * d:(head + 1) * d]
+            v = rows[:, 1, head * d:(head + 1) * d]
+            scores = q[b, head].double() @ k.T * scale
+            if bias is not None:
+                scores = scores + bias[head if bias.shape[0] > 1 else 0].double()
+            if key_mask is not None:
+                scores = scores + key_mask[window if key_mask.shape[0] > 1 else 0].double()
+            out[b, :, head * d:(head + 1) * d] = scores.softmax(-1) @ v
+    return out
+
+
+def gathered_case(images, nw, nq, nk, heads, d, rows, generator, bias_heads=None,
+                  mask_windows=None):
+    q = torch.randn(images * nw, nq, 3, heads, d, generator=generator)[:, :, 0].transpose(1, 2)
+    bank = torch.randn(images, rows, 2, heads * d, generator=generator)
+    index = torch.randint(0, rows, (nw, nk), generator=generator)
+    bias = key_mask = None
+    if bias_heads is not None:
+        bias = torch.randn(bias_heads, nq, nk, generator=generator)
+    if mask_windows is not None:
+        # Focal's key mask: 0, -100 (official outside keys) and -inf (masked borders)
+        key_mask = torch.zeros(mask_windows, nk)
+        pick = torch.rand(mask_windows, nk, generator=generator)
+        key_mask[pick < 0.2] = -100.
+        key_mask[(pick > 0.2) & (pick < 0.4)] = float('-inf')
+        key_mask[:, 0] = 0.  # every row keeps a key
+    return q, bank, index, bias, key_mask
+
+
+@needs_ext
+@pytest.mark.parametrize('nq,nk,d', [(49, 230, 32), (49, 181, 64), (16, 20, 8), (1, 1, 16)])
+@pytest.mark.parametrize('bias_heads,mask_windows', [(None, None), (3, 4), (1, 1), (3, None)])
+def test_gathered_matches_explicit_softmax(ops_on, nq, nk, d, bias_heads, mask_windows):
+    g = torch.Generator().manual_seed(nq + nk + d)
+    case = gathered_case(2, 4, nq, nk, 3, d, 60, g, bias_heads, mask_windows)
+    assert ops.gathered_window_attention.__module__.endswith('window_attention')
+    from mmeffvit.ops.window_attention import gathered_window_attention_applies
+    assert gathered_window_attention_applies(*case)
+    out = ops.gathered_window_attention(*case, scale=d ** -0.5)
+    assert out.shape == (8, nq, 3 * d) and out.is_contiguous()
+    want = gathered_naive(*case, d ** -0.5)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    # the reference (gather, summed mask, torch's attention) agrees with the same explicit form
+    torch.testing.assert_close(ops.gathered_window_attention_ref(*case, d ** -0.5).double(),
+                               want, rtol=1e-5, atol=1e-5)
+
+
+def test_gathered_reference_when_ops_are_off(monkeypatch):
+    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+    case = gathered_case(1, 3, 9, 14, 2, 8, 20, torch.Generator().manual_seed(6), 2, 3)
+    from mmeffvit.ops.window_attention import gathered_window_attention_applies
+    assert not gathered_window_attention_applies(*case)
+    torch.testing.assert_close(ops.gathered_window_attention(*case).double(),
+                               gathered_naive(*case, 8 ** -0.5), rtol=1e-5, atol=1e-5)
+    q, bank, index, bias, key_mask = case
+    with RecordOps() as record:  # a MAC counter sees torch's attention
+        monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        ops.gathered_window_attention(q, bank, index, bias, key_mask)
+    assert any('scaled_dot_product' in name for name in record.names)
+
+
+@needs_ext
+def test_gathered_entry_point_checks_arguments():
+    ext = ops.load_ext()
+    q, bank, index, bias, key_mask = gathered_case(2, 3, 9, 14, 2, 8, 20,
+                                                   torch.Generator().manual_seed(7), 2, 3)
+    call = ext.gathered_window_attention_forward
+    with pytest.raises(RuntimeError, match=r'index values must lie in \[0, 20\)'):
+        call(q, bank, index.masked_fill(index == index[0, 0], 20), bias, key_mask, 1.0)
+    with pytest.raises(RuntimeError, match='index values'):
+        call(q, bank, index.masked_fill(index == index[0, 0], -1), bias, key_mask, 1.0)
+    with pytest.raises(RuntimeError, match='int64 index'):
+        call(q, bank, index.int(), bias, key_mask, 1.0)
+    with pytest.raises(RuntimeError, match='int64 index'):
+        call(q, bank, index[:2], bias, key_mask, 1.0)  # 2·2 windows, 6 queries
+    with pytest.raises(RuntimeError, match='bank'):
+        call(q, bank[..., :8], index, bias, key_mask, 1.0)
+    with pytest.raises(RuntimeError, match='bias'):
+        call(q, bank, index, bias[..., :5], key_mask, 1.0)
+    with pytest.raises(RuntimeError, match='key mask'):
+        call(q, bank, index, bias, key_mask[:2], 1.0)
+    with pytest.raises(RuntimeError, match='at least one key'):
+        call(q, bank, index[:, :0], None, None, 1.0)
+    with pytest.raises(RuntimeError, match='float32'):
+        call(q.double(), bank.double(), index, None, None, 1.0)
+
+
+@needs_ext
+@pytest.mark.parametrize('mask_borders,levels,size', [(True, 2, (61, 90)), (False, 2, (64, 96)),
+                                                      (True, 3, (75, 57))])
+def test_focal_inference_matches_sdpa_path(monkeypatch, mask_borders, levels, size):
+    """Focal-T-like backbone in eval, float32: the gathered operator (keys read through the
+    index, bias and key mask added in the kernel) against MMEFFVIT_OPS=0 (gathered keys,
+    summed mask, torch's attention), borders masked (-inf) or official (-100), odd sizes."""
+    from mmeffvit.models import FocalTransformer
+    module = importlib.import_module('mmeffvit.ops.window_attention')  # the function shadows it
+    calls = []
+    compiled = module.gathered_window_attention
+
+    def counted(*args, **kwargs):
+        calls.append(module.gathered_window_attention_applies(*args[:5]))
+        return compiled(*args, **kwargs)
+
+    monkeypatch.setattr('mmeffvit.models.backbones.focal_transformer.gathered_window_attention',
+                        counted)
+    torch.manual_seed(0)
+    model = FocalTransformer(dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4]),
+                             focal_levels=[levels] * 4, mask_borders=mask_borders,
+                             drop_path_rate=0.).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # the window table starts at zero
+            if 'relative_position' in name:
+                p.normal_(std=0.5)
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        monkeypatch.setenv('MMEFFVIT_OPS', '0')
+        ref = model(x)
+        assert not calls
+        monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        out = model(x)
+    assert calls and all(calls)  # every block took the compiled operator
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,8 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath
 
+from ...ops.window_attention import (gathered_window_attention,
+                                     gathered_window_attention_applies)
 from ...registry import register_model
 from ...utils import tokens_to_contiguous_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
@@ -92,7 +94,9 @@ class FocalAttention(nn.Module):
 
     Pooled tokens are projected by the same ``qkv`` as the fine tokens (the q part is unused).
     The key set is gathered with one precomputed index per map geometry (see
-    :meth:`FocalTransformerBlock.geometry`), equivalent to the official rolls and unfolds.
+    :meth:`FocalTransformerBlock.geometry`), equivalent to the official rolls and unfolds; in
+    CPU inference :func:`mmeffvit.ops.gathered_window_attention` reads the keys through that
+    index instead of gathering them.
     """
 
     def __init__(self, dim, num_heads, window_size=7, expand_size=3, focal_level=2,
@@ -146,22 +150,15 @@ class FocalAttention(nn.Module):
             tables.append(self.relative_position_bias_table_to_neighbors)
         return tables + list(self.relative_position_bias_table_to_windows)
 
-    def attention_mask(self, key_mask, dtype, images):
-        """Additive float mask ``(images·nW, h, w², N)``: :meth:`key_bias` plus the key mask.
-
-        The bias is gathered once per table version in eval (every call in training, for its
-        gradient); the sum with the per-window mask is built per call, as caching it would
-        keep a map as large as the scores per block.
-        """
+    def cached_key_bias(self, dtype):
+        """:meth:`key_bias` in ``dtype``, gathered once per table version (only where no
+        gradient flows to the tables). The sum with the per-window key mask is not cached: it
+        would keep a map as large as the scores per block."""
         tables = self.bias_tables()
-        if cache_allowed(*tables):
-            key = (dtype, ) + tables_key(*tables)
-            if self._bias_cache.get('key') != key:
-                self._bias_cache = dict(key=key, bias=self.key_bias().to(dtype))
-            bias = self._bias_cache['bias']
-        else:
-            bias = self.key_bias().to(dtype)
-        return window_attention_mask(bias + key_mask[:, None, None].to(dtype), images)
+        key = (dtype, ) + tables_key(*tables)
+        if self._bias_cache.get('key') != key:
+            self._bias_cache = dict(key=key, bias=self.key_bias().to(dtype))
+        return self._bias_cache['bias']
 
     def key_bias(self):
         """``(h, w², N)`` relative position bias of every key slot, in key order."""
@@ -201,10 +198,15 @@ class FocalAttention(nn.Module):
         q = q.reshape(b * nw, h, w * w, d)
         drop = self.attn_drop.p if self.training else 0.
         if cache_allowed(*self.bias_tables()):
-            k, v = gather_keys(bank, index, h)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=self.attention_mask(key_mask, q.dtype, b), dropout_p=drop,
-                scale=self.scale)
+            bias = self.cached_key_bias(q.dtype)
+            if not drop and gathered_window_attention_applies(q, bank, index, bias, key_mask):
+                # CPU inference: keys read through the index, bias and key mask added to the
+                # scores, so neither the gathered keys nor the summed mask is written
+                out = gathered_window_attention(q, bank, index, bias, key_mask, self.scale)
+                return self.proj_drop(self.proj(window_reverse(out, w, hp, wp)))
+            mask = window_attention_mask(bias + key_mask[:, None, None].to(q.dtype), b)
+            out = F.scaled_dot_product_attention(q, *gather_keys(bank, index, h), attn_mask=mask,
+                                                 dropout_p=drop, scale=self.scale)
         else:  # training the tables: bias and key mask stay apart (see biased_attention)
             mask = window_attention_mask(key_mask[:, None, None].to(q.dtype), b)
             bias = self.key_bias()[None].to(q.dtype)

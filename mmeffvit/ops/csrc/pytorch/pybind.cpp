@@ -39,5 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("window_attention_forward", &mmeffvit::window_attention_forward,
         "softmax attention in small windows, heads merged, inference (CPU)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"));
+  m.def("gathered_window_attention_forward", &mmeffvit::gathered_window_attention_forward,
+        "softmax attention of windows whose keys are gathered from a bank, heads merged, "
+        "inference (CPU)", py::arg("q"), py::arg("bank"), py::arg("index"), py::arg("bias"),
+        py::arg("key_mask"), py::arg("scale"));
   m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
 }

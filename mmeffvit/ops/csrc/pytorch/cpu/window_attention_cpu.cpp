@@ -9,6 +9,9 @@
 // their loads, and the output is written with the heads already merged, (BW, n, h·d), which
 // saves the transpose copy after the attention. Stage 3 of FLatten-Swin-T at 800×1333 (96
 // windows × 12 heads, 2 threads): 13-18 → 10-13 ms (docs/profiles.md, fourteenth round).
+// Focal attention's windows read their keys (window, ring, pooled: 181-230) from a shared bank
+// through an index, and its bias and per-window key mask are added to the scores here, so
+// neither the gathered keys nor the summed mask is ever written (fifteenth round).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -65,11 +68,15 @@ __attribute__((always_inline)) inline v8f exp_nonpositive(v8f x) {
 }
 
 struct Views {
-  const float *q, *k, *v, *mask;
+  const float *q, *k, *v, *mask, *key_mask;
+  // gathered keys: key j of window b is row index[(b % windows)·nk + j] of image b / windows
+  const int64_t* index;
   int64_t sq[3], sk[3], sv[3], sm[3];  // strides of dims 0-2 (the last one is 1)
-  int64_t heads, n;
+  int64_t skm;      // key_mask's row stride (row b % windows)
+  int64_t windows;  // windows per image, for index and key_mask
+  int64_t heads, nq, nk;
   float scale;
-  float* out;  // (BW, n, h·d)
+  float* out;  // (BW, nq, h·d)
 };
 
 constexpr int64_t kRows = 8;  // query rows whose scores are made together (8 FMA chains)
@@ -77,7 +84,7 @@ constexpr int64_t kRows = 8;  // query rows whose scores are made together (8 FM
 // o_r = Σ_j p_r[j] v_j / total_r for R rows at once (R·DB accumulators in registers, each value
 // row loaded once for all R)
 template <int DB, int R>
-__attribute__((always_inline)) inline void weighted_values(const float* v, int64_t sv, int64_t n,
+__attribute__((always_inline)) inline void weighted_values(const float* const* vrow, int64_t n,
                                                            const float* p, int64_t np,
                                                            const float* inv, float* out,
                                                            int64_t so) {
@@ -85,7 +92,7 @@ __attribute__((always_inline)) inline void weighted_values(const float* v, int64
   for (int r = 0; r < R; ++r)
     for (int e = 0; e < DB; ++e) o[r][e] = v8f{};
   for (int64_t j = 0; j < n; ++j) {
-    const float* vj = v + j * sv;
+    const float* vj = vrow[j];
     for (int e = 0; e < DB; ++e) {
       const v8f x = load8(vj + 8 * e);
       for (int r = 0; r < R; ++r) o[r][e] += p[r * np + j] * x;
@@ -95,28 +102,35 @@ __attribute__((always_inline)) inline void weighted_values(const float* v, int64
     for (int e = 0; e < DB; ++e) store8(out + r * so + 8 * e, o[r][e] * inv[r]);
 }
 
-// One (window b, head h) with d = 8·DB channels. Scratch: kt (d, np) keys transposed and s
-// (kRows, np) scores; np = n rounded up to 8.
+// One (window b, head h) with d = 8·DB channels. Scratch: kt (d, np) keys transposed, s
+// (kRows, np) scores and vrow (nk) value row pointers; np = nk rounded up to 8.
 template <int DB>
-MMEFFVIT_CPU_CLONES void window_head(const Views& a, int64_t b, int64_t h, float* kt, float* s) {
+MMEFFVIT_CPU_CLONES void window_head(const Views& a, int64_t b, int64_t h, float* kt, float* s,
+                                     const float** vrow) {
   constexpr int64_t d = 8 * DB;
-  const int64_t n = a.n, np = (n + 7) / 8 * 8, so = a.heads * d;
+  const int64_t nq = a.nq, nk = a.nk, np = (nk + 7) / 8 * 8, so = a.heads * d;
+  const int64_t window = a.windows ? b % a.windows : 0;
+  const int64_t source = a.index ? b / a.windows : b;  // image of the bank, or the window
   const float* q = a.q + b * a.sq[0] + h * a.sq[1];
-  const float* k = a.k + b * a.sk[0] + h * a.sk[1];
-  const float* v = a.v + b * a.sv[0] + h * a.sv[1];
+  const float* k = a.k + source * a.sk[0] + h * a.sk[1];
+  const float* v = a.v + source * a.sv[0] + h * a.sv[1];
+  const int64_t* index = a.index ? a.index + window * nk : nullptr;
   const float* mask = a.mask ? a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * a.sk[2];
+  const float* key_mask = a.key_mask ? a.key_mask + window * a.skm : nullptr;
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t row = index ? index[j] : j;
+    const float* kj = k + row * a.sk[2];
+    vrow[j] = v + row * a.sv[2];
     for (int64_t c = 0; c < d; ++c) kt[c * np + j] = kj[c];
   }
   for (int64_t c = 0; c < d; ++c)
-    for (int64_t j = n; j < np; ++j) kt[c * np + j] = 0.f;
-  float* out = a.out + (b * n * a.heads + h) * d;
+    for (int64_t j = nk; j < np; ++j) kt[c * np + j] = 0.f;
+  float* out = a.out + (b * nq * a.heads + h) * d;
   float inv[kRows];
-  for (int64_t i0 = 0; i0 < n; i0 += kRows) {
-    const int64_t rows = std::min(kRows, n - i0);
-    const float* qr[kRows];  // rows past n repeat the last one (computed, not stored)
-    for (int64_t r = 0; r < kRows; ++r) qr[r] = q + std::min(i0 + r, n - 1) * a.sq[2];
+  for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+    const int64_t rows = std::min(kRows, nq - i0);
+    const float* qr[kRows];  // rows past nq repeat the last one (computed, not stored)
+    for (int64_t r = 0; r < kRows; ++r) qr[r] = q + std::min(i0 + r, nq - 1) * a.sq[2];
     // scores of rows i0.. for each block of 8 keys: kRows independent accumulators
     for (int64_t jb = 0; jb < np; jb += 8) {
       v8f acc[kRows];
@@ -131,9 +145,11 @@ MMEFFVIT_CPU_CLONES void window_head(const Views& a, int64_t b, int64_t h, float
       float* sr = s + r * np;
       if (mask) {
         const float* mr = mask + (i0 + r) * a.sm[2];
-        for (int64_t j = 0; j < n; ++j) sr[j] += mr[j];
+        for (int64_t j = 0; j < nk; ++j) sr[j] += mr[j];
       }
-      for (int64_t j = n; j < np; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+      if (key_mask)
+        for (int64_t j = 0; j < nk; ++j) sr[j] += key_mask[j];
+      for (int64_t j = nk; j < np; ++j) sr[j] = -std::numeric_limits<float>::infinity();
       v8f top8 = load8(sr);
       for (int64_t jb = 8; jb < np; jb += 8) {
         const v8f x = load8(sr + jb);
@@ -154,46 +170,31 @@ MMEFFVIT_CPU_CLONES void window_head(const Views& a, int64_t b, int64_t h, float
     }
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2)
-      weighted_values<DB, 2>(v, a.sv[2], n, s + r * np, np, inv + r, out + (i0 + r) * so, so);
+      weighted_values<DB, 2>(vrow, nk, s + r * np, np, inv + r, out + (i0 + r) * so, so);
     if (r < rows)
-      weighted_values<DB, 1>(v, a.sv[2], n, s + r * np, np, inv + r, out + (i0 + r) * so, so);
+      weighted_values<DB, 1>(vrow, nk, s + r * np, np, inv + r, out + (i0 + r) * so, so);
   }
 }
 
 template <int DB>
-void window_heads(const Views& a, int64_t begin, int64_t end, float* scratch) {
-  const int64_t np = (a.n + 7) / 8 * 8;
+void window_heads(const Views& a, int64_t begin, int64_t end, float* scratch,
+                  const float** vrow) {
+  const int64_t np = (a.nk + 7) / 8 * 8;
   for (int64_t t = begin; t < end; ++t)
-    window_head<DB>(a, t / a.heads, t % a.heads, scratch, scratch + 8 * DB * np);
+    window_head<DB>(a, t / a.heads, t % a.heads, scratch, scratch + 8 * DB * np, vrow);
 }
 
-}  // namespace
-
-at::Tensor window_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                        const at::Tensor& v, const at::Tensor& mask,
-                                        double scale) {
-  const int64_t bw = q.size(0), heads = q.size(1), n = q.size(2), d = q.size(3);
-  TORCH_CHECK(d % 8 == 0 && d >= 8 && d <= 128, "window_attention_forward_cpu: head dims must be "
-              "a multiple of 8 up to 128, got ", d);
-  auto out = at::empty({bw, n, heads * d}, q.options());
-  Views a{q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(),
-          mask.defined() ? mask.const_data_ptr<float>() : nullptr,
-          {q.stride(0), q.stride(1), q.stride(2)}, {k.stride(0), k.stride(1), k.stride(2)},
-          {v.stride(0), v.stride(1), v.stride(2)}, {0, 0, 0}, heads, n,
-          static_cast<float>(scale), out.data_ptr<float>()};
-  if (mask.defined()) {
-    a.sm[0] = mask.stride(0);
-    a.sm[1] = mask.stride(1);
-    a.sm[2] = mask.stride(2);
-  }
-  const int64_t np = (n + 7) / 8 * 8;
-  at::parallel_for(0, bw * heads, 1, [&](int64_t begin, int64_t end) {
-    // keys transposed (d·np), scores (kRows·np)
+// Runs every (window, head) of a on the threads and returns the merged output.
+void run_windows(const Views& a, int64_t bw, int64_t d) {
+  const int64_t np = (a.nk + 7) / 8 * 8;
+  at::parallel_for(0, bw * a.heads, 1, [&](int64_t begin, int64_t end) {
+    // keys transposed (d·np), scores (kRows·np); value rows (nk)
     std::vector<float> scratch(static_cast<size_t>(d * np + kRows * np));
+    std::vector<const float*> vrow(static_cast<size_t>(a.nk));
     switch (d / 8) {
 #define MMEFFVIT_WINDOW_CASE(DB) \
   case DB:                       \
-    window_heads<DB>(a, begin, end, scratch.data()); \
+    window_heads<DB>(a, begin, end, scratch.data(), vrow.data()); \
     break;
       MMEFFVIT_WINDOW_CASE(1)
       MMEFFVIT_WINDOW_CASE(2)
@@ -214,6 +215,78 @@ at::Tensor window_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k
 #undef MMEFFVIT_WINDOW_CASE
     }
   });
+}
+
+void check_head_dims(int64_t d) {
+  TORCH_CHECK(d % 8 == 0 && d >= 8 && d <= 128, "window attention: head dims must be a "
+              "multiple of 8 up to 128, got ", d);
+}
+
+void set_strides(int64_t* dst, const at::Tensor& t) {
+  for (int i = 0; i < 3; ++i) dst[i] = t.stride(i);
+}
+
+}  // namespace
+
+at::Tensor window_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& mask,
+                                        double scale) {
+  const int64_t bw = q.size(0), heads = q.size(1), n = q.size(2), d = q.size(3);
+  check_head_dims(d);
+  auto out = at::empty({bw, n, heads * d}, q.options());
+  Views a{};
+  a.q = q.const_data_ptr<float>();
+  a.k = k.const_data_ptr<float>();
+  a.v = v.const_data_ptr<float>();
+  set_strides(a.sq, q);
+  set_strides(a.sk, k);
+  set_strides(a.sv, v);
+  if (mask.defined()) {
+    a.mask = mask.const_data_ptr<float>();
+    set_strides(a.sm, mask);
+  }
+  a.heads = heads;
+  a.nq = a.nk = n;
+  a.scale = static_cast<float>(scale);
+  a.out = out.data_ptr<float>();
+  run_windows(a, bw, d);
+  return out;
+}
+
+at::Tensor gathered_window_attention_forward_cpu(const at::Tensor& q, const at::Tensor& bank,
+                                                 const at::Tensor& index, const at::Tensor& bias,
+                                                 const at::Tensor& key_mask, double scale) {
+  const int64_t bw = q.size(0), heads = q.size(1), nq = q.size(2), d = q.size(3);
+  check_head_dims(d);
+  const int64_t c = heads * d, rows = bank.size(1);
+  auto out = at::empty({bw, nq, c}, q.options());
+  Views a{};
+  a.q = q.const_data_ptr<float>();
+  set_strides(a.sq, q);
+  // bank (B, M, 2, C): keys at [.., 0, ..], values at [.., 1, ..]; head h at channels h·d
+  a.k = bank.const_data_ptr<float>();
+  a.v = a.k + c;
+  a.sk[0] = a.sv[0] = rows * 2 * c;
+  a.sk[1] = a.sv[1] = d;
+  a.sk[2] = a.sv[2] = 2 * c;
+  a.index = index.const_data_ptr<int64_t>();
+  a.windows = index.size(0);
+  if (bias.defined()) {  // (h, nq, nk), the same for every window
+    a.mask = bias.const_data_ptr<float>();
+    a.sm[0] = 0;
+    a.sm[1] = bias.stride(0);
+    a.sm[2] = bias.stride(1);
+  }
+  if (key_mask.defined()) {
+    a.key_mask = key_mask.const_data_ptr<float>();
+    a.skm = key_mask.stride(0);
+  }
+  a.heads = heads;
+  a.nq = nq;
+  a.nk = index.size(1);
+  a.scale = static_cast<float>(scale);
+  a.out = out.data_ptr<float>();
+  run_windows(a, bw, d);
   return out;
 }
 
