@@ -157,8 +157,10 @@ def _method_lines(data):
     unit = 'one per backbone, mode, shape and round' if isolated else 'one per backbone and round'
     return [
         '## Method', '',
-        f'Every measurement runs in a child process of its own ({unit}), forked from a '
-        'server that imported torch, mmdet and mmeffvit and ran nothing; rounds '
+        f'Every measurement runs in a child process of its own ({unit}), '
+        + ('spawned (CUDA)' if opts.get('device') == 'cuda' else
+           'forked from a server that imported torch, mmdet and mmeffvit and ran nothing')
+        + '; rounds '
         'go round-robin over the backbones, so a change of machine load hits them alike. '
         f"Each child runs {opts['warmup']} untimed warm-up step(s) at the main shape "
         f"({opts['sweep_warmup']} elsewhere) and {opts['reps']} timed one(s); min and median are "

@@ -263,9 +263,12 @@ def _exit_reason(code, timed_out, timeout):
 class Runner:
     """Starts children from a fork server and collects their results with progress lines."""
 
-    def __init__(self, opts, timeout, preload):
-        self.ctx = mp.get_context('forkserver')
-        self.ctx.set_forkserver_preload(preload)
+    def __init__(self, opts, timeout, preload, start_method='forkserver'):
+        # CUDA: spawn, as a fork server whose imports touched CUDA hands its children a CUDA
+        # state they cannot re-initialise (seen on an H200 with torch 2.11)
+        self.ctx = mp.get_context(start_method)
+        if start_method == 'forkserver':
+            self.ctx.set_forkserver_preload(preload)
         self.opts, self.timeout = opts, timeout
 
     def run(self, jobs, on_result):
@@ -433,7 +436,8 @@ def measure(args, argv):
         preload.append('mmseg.models')
     groups = build_schedule(args)
     progress = Progress(groups)
-    runner = Runner(opts, args.timeout, preload)
+    runner = Runner(opts, args.timeout, preload,
+                    'spawn' if args.device == 'cuda' else 'forkserver')
     data = dict(command=command_line(argv),
                 date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
                 options=dict(device=args.device, dtype=args.dtype, compile=args.compile,

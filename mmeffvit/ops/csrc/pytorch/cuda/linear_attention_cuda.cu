@@ -147,7 +147,7 @@ std::vector<at::Tensor> linear_attention_backward_cuda(
   auto dk = at::matmul(v.to(acc), dkv.transpose(-2, -1)).add_(dm).to(k.scalar_type());
   auto dv = at::matmul(k.to(acc), dkv).to(v.scalar_type());
   at::Tensor dtemp;
-  if (temp.defined()) dtemp = sden.sum({0, 2}).to(temp.scalar_type());
+  if (temp.defined()) dtemp = sden.sum(at::IntArrayRef{0, 2}).to(temp.scalar_type());
   return {dq, dk, dv, dtemp};
 }
 
