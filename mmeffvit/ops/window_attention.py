@@ -44,15 +44,12 @@ def gathered_window_attention_ref(q, bank, index, bias=None, key_mask=None, scal
     nw, nk = index.shape
     kv = bank[:, index]  # (B, nW, nk, 2, h·d)
     kv = kv.view(-1, nw, nk, 2, h, d).permute(3, 0, 1, 4, 2, 5).reshape(2, bw, h, nk, d)
-    mask = None
-    if bias is not None or key_mask is not None:
-        mask = q.new_zeros(1, 1, 1, 1)
-        if bias is not None:
-            mask = mask + bias[None]
-        if key_mask is not None:
-            mask = mask + key_mask[:, None, None]
-        mask = mask.expand(bw // nw, nw, -1, nq, nk).reshape(bw, -1, nq, nk) if \
-            mask.shape[0] == nw else mask
+    mask = None if bias is None else bias[None]
+    if key_mask is not None:
+        per_window = key_mask[:, None, None]
+        mask = per_window if mask is None else mask + per_window
+        if mask.shape[0] == nw:  # one mask per window of every image
+            mask = mask.expand(bw // nw, nw, -1, nq, nk).reshape(bw, -1, nq, nk)
     return window_attention_ref(q, kv[0], kv[1], mask, scale)
 
 

@@ -1,8 +1,16 @@
-// Device-independent entry point of the window attention operator: argument checks, then the
-// CPU implementation (other devices keep F.scaled_dot_product_attention, see the Python side).
+// Device-independent entry points of the window attention operators: argument checks, then the
+// CPU implementations (other devices keep F.scaled_dot_product_attention, see the Python side).
 #include "window_attention.h"
 
 namespace mmeffvit {
+namespace {
+
+// the kernels read rows with unit stride in the last dim; any other strides are read in place
+at::Tensor unit_last_dim(const at::Tensor& t) {
+  return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+}  // namespace
 
 at::Tensor window_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const c10::optional<at::Tensor>& mask, double scale) {
@@ -14,8 +22,6 @@ at::Tensor window_attention_forward(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat,
               "window_attention expects float32 q, k, v");
-  auto unit_last = [](const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1; };
-  auto ready = [&](const at::Tensor& t) { return unit_last(t) ? t : t.contiguous(); };
   at::Tensor m;
   if (mask.has_value() && mask->defined()) {
     TORCH_CHECK(mask->scalar_type() == at::kFloat && mask->device().is_cpu(),
@@ -24,9 +30,10 @@ at::Tensor window_attention_forward(const at::Tensor& q, const at::Tensor& k, co
     TORCH_CHECK(mask->dim() == 4 && mask->size(2) == n && mask->size(3) == n,
                 "window_attention expects a mask (BW|1, h|1, n, n) with n = ", n, ", got ",
                 mask->sizes());
-    m = ready(mask->expand({q.size(0), q.size(1), n, n}));
+    m = unit_last_dim(mask->expand({q.size(0), q.size(1), n, n}));
   }
-  return window_attention_forward_cpu(ready(q), ready(k), ready(v), m, scale);
+  return window_attention_forward_cpu(unit_last_dim(q), unit_last_dim(k), unit_last_dim(v), m,
+                                      scale);
 }
 
 at::Tensor gathered_window_attention_forward(const at::Tensor& q, const at::Tensor& bank,
@@ -56,15 +63,13 @@ at::Tensor gathered_window_attention_forward(const at::Tensor& q, const at::Tens
     TORCH_CHECK(lo >= 0 && hi < rows, "gathered_window_attention: index values must lie in [0, ",
                 rows, "), got [", lo, ", ", hi, "]");
   }
-  auto unit_last = [](const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1; };
-  auto ready = [&](const at::Tensor& t) { return unit_last(t) ? t : t.contiguous(); };
   at::Tensor b, m;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->device().is_cpu() &&
                     bias->dim() == 3 && bias->size(1) == nq && bias->size(2) == nk,
                 "gathered_window_attention expects a float32 CPU bias (h|1, ", nq, ", ", nk,
                 "), got ", bias->sizes());
-    b = ready(bias->expand({heads, nq, nk}));
+    b = unit_last_dim(bias->expand({heads, nq, nk}));
   }
   if (key_mask.has_value() && key_mask->defined()) {
     TORCH_CHECK(key_mask->scalar_type() == at::kFloat && key_mask->device().is_cpu() &&
@@ -72,9 +77,10 @@ at::Tensor gathered_window_attention_forward(const at::Tensor& q, const at::Tens
                     (key_mask->size(0) == index.size(0) || key_mask->size(0) == 1),
                 "gathered_window_attention expects a float32 CPU key mask (nW|1, ", nk,
                 "), got ", key_mask->sizes());
-    m = ready(key_mask->expand({index.size(0), nk}));
+    m = unit_last_dim(key_mask->expand({index.size(0), nk}));
   }
-  return gathered_window_attention_forward_cpu(ready(q), bank.contiguous(), idx, b, m, scale);
+  return gathered_window_attention_forward_cpu(unit_last_dim(q), bank.contiguous(), idx, b, m,
+                                               scale);
 }
 
 }  // namespace mmeffvit
