@@ -1,4 +1,5 @@
 """LaViT: published sizes, paper-form vs window mode, AR module, LA transform, loss plumbing."""
+import contextlib
 import os.path as osp
 
 import pytest
@@ -9,6 +10,7 @@ from amp_check import AMP_DTYPES, check_autocast_against_fp32
 
 from mmeffvit.models import AttentionResidualDownsample, LaViT, LessAttention
 from mmeffvit.models.backbones.lavit import _unwindow, _windows
+from mmeffvit.models.layers import less_attention
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # LaViT paper Table 2 (ImageNet-1k classifiers, 224x224): parameters, "FLOPs" (multiply-adds)
@@ -343,13 +345,85 @@ def test_score_attention_saves_the_scores_not_the_probabilities(use_probs):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_training_lavit_stores_one_map_per_global_vanilla_layer_with_scores():
-    """Stage 1's last VA layer keeps its scores for the AR module; they are the only saved
-    tensor of its size (the AR module saves a view of them); the probabilities are not."""
+def test_training_lavit_stores_no_global_score_map():
+    """Stages 1-2 hold no LA layer: their last VA layers' scores, read by the next AR module
+    only, stay factored (FactoredScores), so no tensor of a global map's shape is saved for
+    backward (the dense path saved stage 1's map, and stage 2's with its residual)."""
     model = LaViT(arch='tiny').train()
     x = torch.randn(1, 3, 128, 128)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        model(x)
-    stage1_map = 32 * 32 * 4 * 4  # 128/4 tokens a side, keys reduced by sr=8, one head
-    assert len({t.data_ptr() for t in saved if t.numel() == stage1_map and t.dim() >= 4}) == 1
+        sum(o.sum() for o in model(x)).backward()
+    # 128/4 = 32 tokens a side in stage 1 (1 head), 16 in stage 2 (2 heads); sr keeps 4x4 keys
+    maps = {(1, 1, 32 * 32, 16), (1, 2, 16 * 16, 16)}
+    shapes = {tuple(t.shape) for t in saved}
+    assert shapes and not shapes & maps, shapes & maps
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with patch_dense_scores():
+            model(x)
+    assert {tuple(t.shape) for t in saved} & maps  # the check sees maps where there are
+
+
+@contextlib.contextmanager
+def patch_dense_scores():
+    """Every VA layer writes its scores as a map (the path before factored scores)."""
+    forward = less_attention.VanillaAttention.forward
+
+    def dense(self, *args, factor_scores=False, **kwargs):
+        return forward(self, *args, factor_scores=False, **kwargs)
+
+    less_attention.VanillaAttention.forward = dense
+    try:
+        yield
+    finally:
+        less_attention.VanillaAttention.forward = forward
+
+
+@pytest.mark.parametrize('size', [(124, 92), (150, 230), (224, 224)])
+def test_factored_scores_equal_the_dense_path(size):
+    """Outputs and every gradient with stages 1-2's scores factored equal those of the maps, on
+    odd sizes too (124: stage 2's key grid is a cell larger than stage 1's, so the AR residual
+    gets zero-padded keys and keeps its bias column)."""
+    torch.manual_seed(0)
+    model = LaViT('tiny', drop_path_rate=0.).double().train()
+    _randomise_ar(model)
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+
+    def run():
+        outs = model(x)
+        loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum()
+                   for o in outs)
+        grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        return outs, grads
+
+    outs, grads = run()
+    with patch_dense_scores():
+        ref_outs, ref_grads = run()
+    for a, b in zip(outs, ref_outs):  # the map path's softmax runs in fp32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    scale = max(g.abs().max() for g in ref_grads if g is not None)
+    for (name, _), a, b in zip(model.named_parameters(), grads, ref_grads):
+        if b is None:
+            assert a is None, name
+            continue
+        # per-row constants (the AR biases away from padded keys) have a zero gradient: the
+        # factors give exactly zero, the maps rounding noise
+        a = torch.zeros_like(b) if a is None else a
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6 * float(scale), msg=name)
+
+
+def test_attention_saturation_tool_reads_every_layer_map():
+    """tools/analysis/attention_saturation.py rebuilds the softmax maps of VA and LA layers
+    (the layers keep none): one per block, rows summing to 1; identity Θ/Ψ copy the map."""
+    import importlib.util
+    path = osp.join(osp.dirname(__file__), '..', 'tools', 'analysis', 'attention_saturation.py')
+    spec = importlib.util.spec_from_file_location('attention_saturation_tool', path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    torch.manual_seed(0)
+    model = LaViT('tiny', la_mode='dense', pretrain_img_size=64).eval()
+    maps = tool.lavit_maps(model, torch.rand(2, 3, 64, 64), stage=3)
+    assert [tuple(m.shape) for m in maps] == [(2, 5, 16, 4)] * 2  # 4x4 queries, 2x2 keys
+    for m in maps:
+        torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]))
+    assert tool.consecutive_similarity(maps) == [pytest.approx(1.0)]

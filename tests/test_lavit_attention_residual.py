@@ -8,7 +8,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from mmeffvit.models import AttentionResidualDownsample, LaViT
 from mmeffvit.models.layers.attention_residual import query_grid_conv_reference
-from mmeffvit.models.layers.less_attention import VanillaAttention
+from mmeffvit.models.layers.less_attention import FactoredScores, VanillaAttention
 
 # (in_heads, out_heads, kernel, stride, key_stride, query grid, key grid)
 AR_CASES = [(1, 2, 2, 2, 1, (6, 8), (2, 3)), (2, 5, 2, 2, 1, (7, 9), (3, 4)),
@@ -200,3 +200,109 @@ def test_forward_has_no_host_synchronisation():
     names = [e.key for e in prof.key_averages()]
     assert 'aten::_local_scalar_dense' not in names
     assert len(model._mask_cache) == 2  # stages 3 and 4, reused by the second forward
+
+
+def random_factors(b, h, q_hw, k_hw, features=5, key_heads=None):
+    query = torch.randn(b, h, q_hw[0] * q_hw[1], features, dtype=torch.float64,
+                        requires_grad=True)
+    key = torch.randn(b, key_heads or h, k_hw[0] * k_hw[1], features, dtype=torch.float64,
+                      requires_grad=True)
+    return FactoredScores(query, key)
+
+
+@pytest.mark.parametrize('case', [
+    # (in, out, kernel, query grid, key grid, next stage's key grid, key heads)
+    (1, 2, 2, (6, 8), (2, 3), None, None),
+    (2, 5, 2, (7, 9), (3, 4), (3, 4), 1),       # keys shared by the heads
+    (2, 3, 3, (7, 9), (3, 4), (2, 5), None),    # overlapping kernel; keys cropped and padded
+    (2, 5, 2, (8, 6), (3, 3), (4, 4), None)])   # padded keys: the bias column stays
+def test_factored_residual_equals_the_residual_of_the_map(case):
+    hi, ho, k, q_hw, k_hw, out_k_hw, key_heads = case
+    torch.manual_seed(0)
+    ar = random_ar(hi, ho, k, 2, 1).double()
+    scores = random_factors(2, hi, q_hw, k_hw, key_heads=key_heads)
+    out = ar(scores, q_hw, k_hw, out_k_hw=out_k_hw)
+    ref = ar(scores.dense(), q_hw, k_hw, out_k_hw=out_k_hw)
+    assert isinstance(out, FactoredScores)
+    padded = out_k_hw is not None and any(o > i for o, i in zip(out_k_hw, k_hw))
+    assert out.invariant_tail == (0 if padded else 1)
+    if out.invariant_tail:  # the tail adds one constant per head to every score
+        tail = out.query[..., -1:] @ out.key[..., -1:].transpose(-2, -1)
+        torch.testing.assert_close(tail, tail[..., :1, :1].expand_as(tail))
+    torch.testing.assert_close(out.dense(), ref)
+    weight = torch.randn_like(ref)
+    inputs = list(scores[:2]) + list(ar.parameters())
+    got = torch.autograd.grad((out.dense() * weight).sum(), inputs)
+    want = torch.autograd.grad((ref * weight).sum(), inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('case', [
+    # (out, kernel, query grid, key grid, windows, query / key cells per window, key heads)
+    (5, 2, (8, 12), (2, 3), (1, 1), (4, 6), (2, 3), None),
+    (5, 2, (7, 9), (3, 4), (2, 2), (2, 3), (2, 2), 1),        # padding both ways
+    (5, 2, (28, 38), (9, 11), (2, 2), (7, 10), (4, 5), None),  # keys cropped, queries padded
+    (3, 3, (7, 9), (3, 4), (2, 2), (2, 3), (2, 2), None)])     # overlapping kernel
+def test_factored_window_residual_equals_that_of_the_map(case):
+    ho, k, q_hw, k_hw, n_win, q_win, k_win, key_heads = case
+    torch.manual_seed(0)
+    ar = random_ar(2, ho, k, 2, 1).double()
+    scores = random_factors(2, 2, q_hw, k_hw, key_heads=key_heads)
+    out = ar.forward_windows(scores, q_hw, k_hw, n_win, q_win, k_win)
+    ref = ar.forward_windows(scores.dense(), q_hw, k_hw, n_win, q_win, k_win)
+    torch.testing.assert_close(out, ref)
+    weight = torch.randn_like(ref)
+    inputs = list(scores[:2]) + list(ar.parameters())
+    got = torch.autograd.grad((out * weight).sum(), inputs)
+    want = torch.autograd.grad((ref * weight).sum(), inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('tail', [0, 1])
+def test_vanilla_attention_on_factors_equals_explicit_scores(tail):
+    """A factored residual (and factored own scores) give the explicit path's output, scores
+    and gradients; on the CPU they run the fused flash kernel (value columns zero-padded to the
+    concatenated head size), not the explicit math path."""
+    torch.manual_seed(0)
+    va = VanillaAttention(16, 2, sr_ratio=2).double()
+    x = torch.randn(3, 6 * 8, 16, dtype=torch.float64, requires_grad=True)
+    res = random_factors(3, 2, (6, 8), (3, 4), features=4, key_heads=1)
+    params = [x] + list(va.parameters()) + list(res[:2])
+    if tail:  # a per-head constant on every key (a bias): the softmax may drop it
+        ones = torch.ones(3, 2, 48, 1, dtype=torch.float64)
+        const = torch.randn(1, 2, 1, 1, dtype=torch.float64, requires_grad=True)
+        params.append(const)
+        res = FactoredScores(torch.cat([res.query, ones], -1), torch.cat(
+            [res.key.expand(3, 2, -1, -1), const.expand(3, 2, 12, 1)], -1), tail)
+    tol = dict(rtol=1e-5, atol=1e-6)  # the explicit path's softmax runs in fp32
+    ref, ref_scores, _, _ = va(x, (6, 8), res.dense())
+    for need_scores in (False, True):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out, scores, probs, k_hw = va(x, (6, 8), res, need_scores=need_scores,
+                                          factor_scores=True)
+        names = {e.key for e in prof.key_averages()}
+        assert 'aten::_scaled_dot_product_flash_attention_for_cpu' in names
+        assert 'aten::_scaled_dot_product_attention_math' not in names
+        assert probs is None and k_hw == (3, 4)
+        torch.testing.assert_close(out, ref, **tol)
+        if need_scores:
+            assert isinstance(scores, FactoredScores) and scores.invariant_tail == tail
+            torch.testing.assert_close(scores.dense(), ref_scores)
+        else:
+            assert scores is None
+        got = torch.autograd.grad(out.square().sum(), params)
+        want = torch.autograd.grad(ref.square().sum(), params, retain_graph=True)
+        if tail:  # a per-row constant has no gradient: zero here, fp32 softmax noise there
+            assert got[-1].abs().max() == 0 and want[-1].abs().max() < 1e-5
+            got, want = got[:-1], want[:-1]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **tol)
+    # its own scores factored without a residual; asked for a map, it gives the map
+    out, scores, _, _ = va(x, (6, 8), need_scores=True, factor_scores=True)
+    ref, ref_scores, _, _ = va(x, (6, 8))
+    torch.testing.assert_close(scores.dense(), ref_scores)
+    torch.testing.assert_close(out, ref, **tol)
+    out, scores, _, _ = va(x, (6, 8), res, need_scores=True)
+    assert isinstance(scores, torch.Tensor)

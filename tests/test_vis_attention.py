@@ -329,7 +329,7 @@ def small_models():
         'pvt': (lambda: FLattenPVT(pvt_arch, pretrain_img_size=64),
                 [(1, 1), (2, 1), (3, 1), (4, 1)]),
         'lavit': (lambda: LaViT(lavit_arch, pretrain_img_size=64),
-                  [(3, 1), (3, 2), (4, 1), (4, 2)]),
+                  [(2, 1), (3, 1), (3, 2), (4, 1), (4, 2)]),  # 2: a factored residual
         'focal': (lambda: FocalTransformer(dict(small, depths=[1, 1, 1, 1]),
                                            focal_levels=(3, 2, 2, 2)), [(1, 1), (2, 1)]),
         'focal_official_borders': (lambda: FocalTransformer(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..models.layers.less_attention import FactoredScores
 from ..utils.tensor import resize_token_grid
 
 
@@ -296,6 +297,8 @@ def lavit_va_maps(attn, args, grid, block=None):
     d = q.shape[-1]
     scores = (q * d ** -0.5) @ k.transpose(-2, -1)
     residual = args.get('residual')
+    if isinstance(residual, FactoredScores):  # carried as factors between global stages
+        residual = residual.dense()
     if residual is not None:
         scores = scores + residual.double()
     mask = _key_mask(args.get('key_mask'))

@@ -70,6 +70,8 @@ def _detached(value):
     """A CPU copy: the maps are computed on the CPU, in float64, whatever the model's device."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
+    if isinstance(value, tuple) and hasattr(value, '_fields'):  # a named tuple
+        return type(value)(*(_detached(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_detached(v) for v in value)
     return value

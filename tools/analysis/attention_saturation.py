@@ -21,15 +21,14 @@ PVT_DEPTHS = {'tiny': [2, 2, 2, 2], 'small': [3, 4, 6, 3], 'base': [3, 4, 18, 3]
 
 
 def lavit_maps(model, x, stage):
-    """Softmax maps of every layer of ``stage`` (1-based) of a LaViT."""
-    maps = []
-    hooks = [blk.register_forward_hook(lambda m, i, o: maps.append(o[2].detach()))
-             for blk in getattr(model, f'block{stage}')]
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return maps
+    """Softmax maps ``(B, heads, N, n)`` of every layer of ``stage`` (1-based) of a LaViT: VA
+    layers' ``softmax(QKᵀ/√d + R)``, LA layers' ``softmax(Ψ(Θ(A)ᵀ)ᵀ)``, rebuilt from the
+    recorded inputs (the layers keep no probability maps of their own)."""
+    from mmeffvit.analysis.attention_maps import record_maps
+    targets = [(stage, j + 1) for j in range(len(getattr(model, f'block{stage}')))]
+    per_image = [record_maps(model, x[i:i + 1], targets)[0] for i in range(x.shape[0])]
+    return [torch.stack([blocks[j].kinds[0].matrix for blocks in per_image]).float()
+            for j in range(len(targets))]
 
 
 def pvt_maps(model, x, stage):

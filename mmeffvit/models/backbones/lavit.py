@@ -12,7 +12,7 @@ from ...registry import MODELS, register_model
 from ...utils import resize_token_grid, tokens_to_contiguous_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample
-from ..layers.less_attention import LessAttention, VanillaAttention
+from ..layers.less_attention import FactoredScores, LessAttention, VanillaAttention
 from ..layers.linear import Mlp, mlp_residual
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
@@ -49,15 +49,17 @@ class LaViTBlock(nn.Module):
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
 
     def forward(self, x, hw_shape, prev_scores=None, residual=None, key_mask=None,
-                need_scores=True):
+                need_scores=True, factor_scores=False):
         """Returns the tokens, this layer's pre-softmax scores, probabilities and key grid
-        (scores and probabilities None for a VA layer asked for no scores)."""
+        (scores and probabilities None for a VA layer asked for no scores; ``factor_scores``:
+        a VA layer may return its scores as factors, see :class:`FactoredScores`)."""
         if self.less_attention:
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, prev_scores, key_mask)
         else:
             # a VA layer's probabilities feed nothing here (the loss reads LA layers')
             y, scores, probs, k_hw = self.attn(self.norm1(x), hw_shape, residual, key_mask,
-                                               need_scores=need_scores, need_probs=False)
+                                               need_scores=need_scores, need_probs=False,
+                                               factor_scores=factor_scores)
         x = x + self.drop_path(y)
         return (mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True), scores, probs,
                 k_hw)
@@ -283,8 +285,14 @@ class LaViT(EffBackbone):
             return None
         sr = self.sr_ratios[i]
         if not self.windowed[i]:
+            scores = carry['scores']
+            if (isinstance(scores, FactoredScores) and self.num_va_layers[i] == 1
+                    and self.depths[i] > 1):
+                # LA layers read the first layer's scores: a map either way; made from the map,
+                # the residual has the window path's sums (modes agree at the training size)
+                scores = scores.dense()
             k_hw = (hw[0] // sr, hw[1] // sr) if sr > 1 else tuple(hw)
-            return ar(carry['scores'], carry['q_hw'], carry['k_hw'], out_k_hw=k_hw)
+            return ar(scores, carry['q_hw'], carry['k_hw'], out_k_hw=k_hw)
         win = self.window_sizes[i]
         k_win = (win[0] // sr, win[1] // sr)
         if self.windowed[i - 1]:   # aligned windows: window (a, b) feeds window (a, b)
@@ -323,12 +331,16 @@ class LaViT(EffBackbone):
         first = prev = None
         # only the last VA layer's scores are read: by the LA layers, or by the next AR module
         nva = self.num_va_layers[i]
-        scores_read = nva < self.depths[i] or hasattr(self, f'attn_residual{i + 2}')
+        next_ar = hasattr(self, f'attn_residual{i + 2}')
+        scores_read = nva < self.depths[i] or next_ar
+        # read by the next AR module only: the scores may stay factored (never written)
+        factor = nva == self.depths[i] and next_ar
         for j, blk in enumerate(getattr(self, f'block{i + 1}')):
             source = first if self.chain == 'first' else prev
             x, scores, probs, k_hw = blk(x, grid, prev_scores=source,
                                          residual=residual if j == 0 else None, key_mask=mask,
-                                         need_scores=j >= nva - 1 and scores_read)
+                                         need_scores=j >= nva - 1 and scores_read,
+                                         factor_scores=factor)
             if j == self.num_va_layers[i] - 1:
                 first = scores
             prev = scores

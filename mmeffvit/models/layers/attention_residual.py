@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ...registry import register_model
+from .less_attention import FactoredScores
 
 
 def fit_key_grid(attn, k_hw, out_k_hw):
@@ -223,13 +224,18 @@ class AttentionResidualDownsample(BaseModule):
 
     def forward(self, attn, q_hw, k_hw, out_k_hw=None):
         """Args:
-            attn (Tensor): ``(B, in_heads, Hq*Wq, Hk*Wk)`` scores of stage ``s``.
+            attn (Tensor | FactoredScores): ``(B, in_heads, Hq*Wq, Hk*Wk)`` scores of stage
+                ``s``; factored scores give a factored residual (``key_stride == 1``).
             q_hw, k_hw (tuple[int]): Query and key grids.
             out_k_hw (tuple[int], optional): Key grid of stage ``s+1`` (crop/zero-pad to it).
 
         Returns:
-            Tensor: ``(B, out_heads, Hq'*Wq', Hk'*Wk')`` residual scores.
+            Tensor | FactoredScores: ``(B, out_heads, Hq'*Wq', Hk'*Wk')`` residual scores.
         """
+        if isinstance(attn, FactoredScores):
+            if self.key_stride == 1 and not torch.jit.is_tracing():
+                return self._forward_factors(attn, q_hw, k_hw, out_k_hw)
+            attn = attn.dense()
         self._check(attn, q_hw, k_hw)
         weight, bias = self.folded()
         oq = self.out_grid(q_hw)
@@ -244,10 +250,51 @@ class AttentionResidualDownsample(BaseModule):
             x = fit_key_grid(x, k_hw, out_k_hw)
         return x
 
+    def _forward_factors(self, scores, q_hw, k_hw, out_k_hw):
+        """:meth:`forward` of :class:`FactoredScores`, as factors: the convs act on the query
+        grid only, so ``AR(Q Kᵀ) = conv(Q) Kᵀ`` per input head, the heads' products summed by
+        concatenating their features; the bias is a feature column (one on the query side, the
+        bias on the key side, zero on keys ``fit_key_grid`` pads). ``key_stride == 1``."""
+        query, key = scores.query, scores.key
+        b, h, nq, f = query.shape
+        self._check_factors(scores, q_hw, k_hw)
+        weight, bias = self.folded()
+        weight, bias = weight.to(query.dtype), bias.to(query.dtype)
+        oq = self.out_grid(q_hw)
+        grid = query.reshape(b, h, *q_hw, f)
+        parts = [_QueryGridConv.apply(grid[:, c:c + 1], weight[:, c:c + 1], None, self.stride,
+                                      oq) for c in range(h)]
+        conv_query = torch.cat(parts, -1).reshape(b, self.out_heads, oq[0] * oq[1], h * f)
+        out_k_hw = tuple(k_hw) if out_k_hw is None else tuple(out_k_hw)
+        keys = key.expand(b, h, -1, -1).permute(0, 2, 1, 3).reshape(b, *k_hw, h * f)
+        keys = keys[:, :out_k_hw[0], :out_k_hw[1]]
+        pad = (out_k_hw[0] - keys.shape[1], out_k_hw[1] - keys.shape[2])
+        keys = F.pad(keys, (0, 0, 0, pad[1], 0, pad[0])).reshape(b, 1, -1, h * f)
+        bias_key = bias.view(1, -1, 1, 1).expand(b, -1, keys.shape[2], 1)
+        if any(pad):  # the padded key cells get no bias either
+            valid = torch.ones(out_k_hw, dtype=query.dtype, device=query.device)
+            valid[out_k_hw[0] - pad[0]:] = 0
+            valid[:, out_k_hw[1] - pad[1]:] = 0
+            bias_key = bias_key * valid.view(1, 1, -1, 1)
+        conv_query = torch.cat([conv_query, conv_query.new_ones(1, 1, 1, 1).expand(
+            b, self.out_heads, conv_query.shape[2], 1)], -1)
+        keys = torch.cat([keys.expand(b, self.out_heads, -1, -1), bias_key], -1)
+        return FactoredScores(conv_query, keys, invariant_tail=0 if any(pad) else 1)
+
+    def _check_factors(self, scores, q_hw, k_hw):
+        query, key = scores.query, scores.key
+        if (query.shape[1] != self.in_heads or key.shape[1] not in (1, self.in_heads)
+                or query.shape[2] != q_hw[0] * q_hw[1] or key.shape[2] != k_hw[0] * k_hw[1]
+                or query.shape[-1] != key.shape[-1]):
+            raise ValueError(f'factored scores {tuple(query.shape)} x {tuple(key.shape)} do not '
+                             f'match in_heads={self.in_heads}, q_hw={tuple(q_hw)}, '
+                             f'k_hw={tuple(k_hw)}')
+
     def _window_geometry(self, q_hw, k_hw, n_win, q_win, k_win, device):
         """Per shape (cached; integer logic only): flat indices of each window's input block in
-        the map, the mask of those that exist, and the mask of the residual entries the global
-        module would produce (the others are zero there: padding, no bias)."""
+        the map, the mask of those that exist, the mask of the residual entries the global
+        module would produce (the others are zero there: padding, no bias), and the same blocks
+        as query rows × key columns (``factors``) for :class:`FactoredScores`."""
         key = (tuple(q_hw), tuple(k_hw), tuple(n_win), tuple(q_win), tuple(k_win), str(device))
         if key in self._window_cache:
             return self._window_cache[key]
@@ -288,10 +335,36 @@ class AttentionResidualDownsample(BaseModule):
             fine = ((kr < k_hw[0]) & (kc < k_hw[1])).to(torch.get_default_dtype())
             count = fine.reshape(nh * nw, 1, kh, ks, kw, ks).sum((3, 5)).clamp(min=1)
             count = count.reshape(nh * nw, 1, 1, kh * kw)
+        # the same blocks as rows x columns, for factored scores: query cells, key cells
+        rows, cols = qr * q_hw[1] + qc, kr * k_hw[1] + kc
+        row_valid, col_valid = (qr < q_hw[0]) & (qc < q_hw[1]), (kr < k_hw[0]) & (kc < k_hw[1])
+        rows = torch.where(row_valid, rows, torch.zeros_like(rows)).reshape(nh * nw, -1)
+        cols = torch.where(col_valid, cols, torch.zeros_like(cols)).reshape(nh * nw, -1)
+        rows_inside = ((nh - 1) * qh * s + in_q[0] <= q_hw[0]
+                       and (nw - 1) * qw * s + in_q[1] <= q_hw[1])
+        cols_inside = nh * in_k[0] <= k_hw[0] and nw * in_k[1] <= k_hw[1]
+        factors = dict(rows=rows.reshape(-1), cols=cols.reshape(-1),
+                       row_valid=None if rows_inside else row_valid.reshape(nh * nw, -1),
+                       col_valid=None if cols_inside else col_valid.reshape(nh * nw, -1))
         geometry = dict(index=index.reshape(-1), in_valid=in_valid, in_q=in_q, in_k=in_k,
-                        out_valid=out_valid, count=count)
+                        out_valid=out_valid, count=count, factors=factors)
         self._window_cache[key] = geometry
         return geometry
+
+    @staticmethod
+    def _factored_blocks(scores, factors, n):
+        """The window-diagonal blocks of factored scores, ``(B*nW, H, Lq, Lk)``, made from the
+        windows' query and key rows (cells beyond the grids zeroed): linear in the pixels."""
+        query, key = scores.query, scores.key
+        b, h, _, f = query.shape
+
+        def rows(x, index, valid):
+            x = x.index_select(2, index).view(b, x.shape[1], n, -1, f)
+            return x if valid is None else x * valid.to(x.dtype).view(1, 1, n, -1, 1)
+
+        blocks = rows(query, factors['rows'], factors['row_valid']) @ rows(
+            key, factors['cols'], factors['col_valid']).transpose(-2, -1)
+        return blocks.transpose(1, 2).reshape(b * n, h, blocks.shape[-2], blocks.shape[-1])
 
     def forward_windows(self, attn, q_hw, k_hw, n_win, q_win, k_win):
         """The residual of each window of the next stage from the same window of this map.
@@ -302,7 +375,8 @@ class AttentionResidualDownsample(BaseModule):
         are read: linear instead of quadratic in the pixels.
 
         Args:
-            attn (Tensor): ``(B, in_heads, Hq*Wq, Hk*Wk)`` scores of stage ``s`` (global).
+            attn (Tensor | FactoredScores): ``(B, in_heads, Hq*Wq, Hk*Wk)`` scores of stage
+                ``s`` (global), or their factors (then only the blocks are multiplied out).
             q_hw, k_hw (tuple[int]): Its query and key grids.
             n_win (tuple[int]): Windows of stage ``s+1`` (rows, cols).
             q_win, k_win (tuple[int]): Query / key cells of one window of stage ``s+1``.
@@ -310,16 +384,22 @@ class AttentionResidualDownsample(BaseModule):
         Returns:
             Tensor: ``(B*nW, out_heads, qh*qw, kh*kw)``, windows in raster order per image.
         """
-        self._check(attn, q_hw, k_hw)
-        b, h = attn.shape[:2]
         n = n_win[0] * n_win[1]
-        geo = self._window_geometry(q_hw, k_hw, n_win, q_win, k_win, attn.device)
-        blocks = attn.reshape(b, -1).index_select(1, geo['index'])
-        blocks = blocks.view(b * n, h, *geo['in_q'], -1)
-        if geo['in_valid'] is not None:
-            blocks = blocks * geo['in_valid'].repeat(b, 1, 1, 1, 1)
+        if isinstance(attn, FactoredScores):
+            self._check_factors(attn, q_hw, k_hw)
+            b, h = attn.query.shape[:2]
+            geo = self._window_geometry(q_hw, k_hw, n_win, q_win, k_win, attn.query.device)
+            blocks = self._factored_blocks(attn, geo['factors'], n)
+        else:
+            self._check(attn, q_hw, k_hw)
+            b, h = attn.shape[:2]
+            geo = self._window_geometry(q_hw, k_hw, n_win, q_win, k_win, attn.device)
+            blocks = attn.reshape(b, -1).index_select(1, geo['index'])
+            blocks = blocks.view(b * n, h, *geo['in_q'], -1)
+            if geo['in_valid'] is not None:
+                blocks = blocks * geo['in_valid'].repeat(b, 1, 1, 1, 1)
         weight, bias = self.folded()
-        blocks = blocks.view(b * n, h, -1, blocks.shape[-1])
+        blocks = blocks.reshape(b * n, h, -1, blocks.shape[-1])
         if self.key_stride == 1 and geo['out_valid'] is None:  # every entry gets the bias
             return self._conv(blocks, geo['in_q'], q_win, weight, bias)
         x = self._conv(blocks, geo['in_q'], q_win, weight)

@@ -1,10 +1,38 @@
 """Vanilla and less attention of LaViT (Zhang et al., CVPR 2024, sec. 3.2, Eq. 4-5)."""
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .linear import Linear, project_heads
 from .spatial_reduction_attention import SpatialReductionMixin
+
+
+class FactoredScores(NamedTuple):
+    """Pre-softmax scores kept as their factors, ``A = query · keyᵀ``.
+
+    A VA layer's scores ``(q·scale) kᵀ`` have rank ``d``, and the AR residual of the next
+    stage (sec. 3.3, Eq. 6: a depthwise conv over the query grid, a 1×1 conv over heads,
+    LayerScale) is linear in the queries, so it is a product too: ``conv(q) kᵀ`` plus its bias.
+    Where a stage's last scores are read only by the next AR module (no LA layer in the stage)
+    they are carried in this form and the next layer attends with fused SDPA on concatenated
+    factors: the ``N × N_k`` maps of the global stages are never written (LaViT-T's stage-1
+    map at 1536² is 1.3 GiB), and the cost keeps the fused kernel's scaling.
+
+    Attributes:
+        query (Tensor): ``(B, H, N_q, F)``, the scale folded in.
+        key (Tensor): ``(B, H or 1, N_k, F)``.
+        invariant_tail (int): Trailing feature columns whose product is constant along every
+            row (a per-head bias on all keys): the row softmax does not see them.
+    """
+    query: torch.Tensor
+    key: torch.Tensor
+    invariant_tail: int = 0
+
+    def dense(self):
+        """The ``(B, H, N_q, N_k)`` scores."""
+        return self.query @ self.key.transpose(-2, -1)
 
 
 def masked_softmax(scores, key_mask=None):
@@ -154,21 +182,34 @@ class VanillaAttention(_ScoreAttention):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw_shape, residual=None, key_mask=None, need_scores=True,
-                need_probs=True):
-        """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` added to the scores (AR, Eq. 7);
-        need_scores / need_probs: False when nobody reads this layer's scores / probabilities.
+                need_probs=True, factor_scores=False):
+        """Args: x ``(B, N, C)``; residual ``(B, H, N, Nk)`` or :class:`FactoredScores` added to
+        the scores (AR, Eq. 7); need_scores / need_probs: False when nobody reads this layer's
+        scores / probabilities; factor_scores: return the scores as :class:`FactoredScores`
+        where possible (their only reader is the next AR module).
 
         Returns:
-            tuple: output ``(B, N, C)``, scores ``(B, H, N, Nk)`` (pre-softmax, unmasked),
-            probabilities ``(B, H, N, Nk)`` and the key grid; scores and probabilities are None
-            when not needed (then ``F.scaled_dot_product_attention`` stores no map; with
-            scores but no probabilities, inference runs :func:`scores_softmax_values`).
+            tuple: output ``(B, N, C)``, scores ``(B, H, N, Nk)`` (pre-softmax, unmasked; or
+            factored), probabilities ``(B, H, N, Nk)`` and the key grid; scores and
+            probabilities are None when not needed (then ``F.scaled_dot_product_attention``
+            stores no map; with scores but no probabilities, inference runs
+            :func:`scores_softmax_values`).
         """
         b, n, c = x.shape
         h = self.num_heads
         q = self.q(x).reshape(b, n, h, c // h).transpose(1, 2)
         kv_src, k_hw = self.reduce_tokens(x, hw_shape)
         k, v = project_heads(self.kv, kv_src, 2, h)
+        # factors: no key mask to apply, and MAC counters trace the official explicit form
+        factors_ok = key_mask is None and not torch.jit.is_tracing()
+        if isinstance(residual, FactoredScores) and not (
+                factors_ok and (factor_scores or not need_scores)):
+            residual = residual.dense()
+        if factors_ok and (isinstance(residual, FactoredScores)
+                           or (residual is None and need_scores and factor_scores)):
+            out, scores = self._attend_factors(q, k, v, residual, keep=need_scores)
+            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+            return out, scores, None, k_hw
         # a residual that needs a gradient sends CPU SDPA to its explicit math path, which
         # stores the same maps as below: use SDPA where it runs a fused kernel
         fused = not need_scores and not (
@@ -194,6 +235,29 @@ class VanillaAttention(_ScoreAttention):
             scores = scores + residual.to(scores.dtype)
         out, probs = self.attend(scores, v, key_mask)
         return out, scores, probs, k_hw
+
+    def _attend_factors(self, q, k, v, residual, keep):
+        """``softmax((q·scale) kᵀ + residual) v`` by fused SDPA on the concatenated factors
+        ``[q·scale, R_q] · [k, R_k]ᵀ``; returns the output ``(B, H, N, d)`` and, if ``keep``,
+        this layer's scores as :class:`FactoredScores`."""
+        dropout = self.attn_drop.p if self.training else 0.
+        if residual is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+            return out, FactoredScores(q * self.scale, k) if keep else None
+        b, h = q.shape[:2]
+        query = torch.cat([q * self.scale, residual.query.to(q.dtype).expand(b, h, -1, -1)], -1)
+        key = torch.cat([k, residual.key.to(k.dtype).expand(b, h, -1, -1)], -1)
+        scores = FactoredScores(query, key, residual.invariant_tail) if keep else None
+        tail = residual.invariant_tail
+        if tail:  # a per-row constant: softmax-invariant, not worth a feature of the kernel
+            query, key = query[..., :-tail], key[..., :-tail]
+        width = v.shape[-1]
+        if q.device.type == 'cpu' and query.shape[-1] > width:
+            # CPU's flash kernel needs one head size for q, k and v (else: the explicit math
+            # path with full maps); zero value columns change nothing but the output's width
+            v = F.pad(v, (0, query.shape[-1] - width))
+        out = F.scaled_dot_product_attention(query, key, v, dropout_p=dropout, scale=1.)
+        return out[..., :width], scores
 
 
 class LessAttention(_ScoreAttention):
