@@ -266,20 +266,18 @@ class AttentionResidualDownsample(BaseModule):
                                       oq) for c in range(h)]
         conv_query = torch.cat(parts, -1).reshape(b, self.out_heads, oq[0] * oq[1], h * f)
         out_k_hw = tuple(k_hw) if out_k_hw is None else tuple(out_k_hw)
-        keys = key.expand(b, h, -1, -1).permute(0, 2, 1, 3).reshape(b, *k_hw, h * f)
-        keys = keys[:, :out_k_hw[0], :out_k_hw[1]]
-        pad = (out_k_hw[0] - keys.shape[1], out_k_hw[1] - keys.shape[2])
-        keys = F.pad(keys, (0, 0, 0, pad[1], 0, pad[0])).reshape(b, 1, -1, h * f)
+        keys = key.expand(b, h, -1, -1).permute(0, 2, 1, 3).reshape(b, 1, -1, h * f)
+        # the map path's crop / zero-pad of the key grid, on the key axis of the factor
+        keys = fit_key_grid(keys.transpose(-2, -1), k_hw, out_k_hw).transpose(-2, -1)
+        padded = out_k_hw[0] > k_hw[0] or out_k_hw[1] > k_hw[1]
         bias_key = bias.view(1, -1, 1, 1).expand(b, -1, keys.shape[2], 1)
-        if any(pad):  # the padded key cells get no bias either
-            valid = torch.ones(out_k_hw, dtype=query.dtype, device=query.device)
-            valid[out_k_hw[0] - pad[0]:] = 0
-            valid[:, out_k_hw[1] - pad[1]:] = 0
+        if padded:  # the padded key cells get no bias either
+            valid = fit_key_grid(query.new_ones(1, 1, 1, k_hw[0] * k_hw[1]), k_hw, out_k_hw)
             bias_key = bias_key * valid.view(1, 1, -1, 1)
         conv_query = torch.cat([conv_query, conv_query.new_ones(1, 1, 1, 1).expand(
             b, self.out_heads, conv_query.shape[2], 1)], -1)
         keys = torch.cat([keys.expand(b, self.out_heads, -1, -1), bias_key], -1)
-        return FactoredScores(conv_query, keys, invariant_tail=0 if any(pad) else 1)
+        return FactoredScores(conv_query, keys, invariant_tail=0 if padded else 1)
 
     def _check_factors(self, scores, q_hw, k_hw):
         query, key = scores.query, scores.key
@@ -315,14 +313,17 @@ class AttentionResidualDownsample(BaseModule):
 
         qr, qc = axis(nh, qh * s, in_q[0], 3), axis(nw, qw * s, in_q[1], 4)
         kr, kc = axis(nh, kh * ks, in_k[0], 5), axis(nw, kw * ks, in_k[1], 6)
+        # query cells and key cells of each window (flat in their grids), which exist
+        rows, cols = qr * q_hw[1] + qc, kr * k_hw[1] + kc
+        row_valid, col_valid = (qr < q_hw[0]) & (qc < q_hw[1]), (kr < k_hw[0]) & (kc < k_hw[1])
+        rows_inside = ((nh - 1) * qh * s + in_q[0] <= q_hw[0]
+                       and (nw - 1) * qw * s + in_q[1] <= q_hw[1])
+        cols_inside = nh * in_k[0] <= k_hw[0] and nw * in_k[1] <= k_hw[1]
         heads = torch.arange(self.in_heads, device=device).view(1, 1, -1, 1, 1, 1, 1)
-        index = ((heads * q_hw[0] + qr) * q_hw[1] + qc) * (k_hw[0] * k_hw[1]) + (
-            kr * k_hw[1] + kc)
+        index = (heads * (q_hw[0] * q_hw[1]) + rows) * (k_hw[0] * k_hw[1]) + cols
         in_valid = None
-        if ((nh - 1) * qh * s + in_q[0] > q_hw[0] or (nw - 1) * qw * s + in_q[1] > q_hw[1]
-                or nh * in_k[0] > k_hw[0] or nw * in_k[1] > k_hw[1]):
-            in_valid = ((qr < q_hw[0]) & (qc < q_hw[1]) & (kr < k_hw[0]) & (kc < k_hw[1]))
-            in_valid = in_valid.expand(index.shape)
+        if not (rows_inside and cols_inside):
+            in_valid = (row_valid & col_valid).expand(index.shape)
             index = torch.where(in_valid, index, torch.zeros_like(index))
             in_valid = in_valid.reshape(nh * nw, self.in_heads, in_q[0], in_q[1], -1)
         out_valid = None
@@ -332,17 +333,12 @@ class AttentionResidualDownsample(BaseModule):
             out_valid = out_valid.reshape(nh * nw, 1, qh * qw, kh * kw)
         count = None
         if ks > 1:  # in-bounds fine key cells per pooled cell: avg_pool2d's ceil_mode divisor
-            fine = ((kr < k_hw[0]) & (kc < k_hw[1])).to(torch.get_default_dtype())
+            fine = col_valid.to(torch.get_default_dtype())
             count = fine.reshape(nh * nw, 1, kh, ks, kw, ks).sum((3, 5)).clamp(min=1)
             count = count.reshape(nh * nw, 1, 1, kh * kw)
-        # the same blocks as rows x columns, for factored scores: query cells, key cells
-        rows, cols = qr * q_hw[1] + qc, kr * k_hw[1] + kc
-        row_valid, col_valid = (qr < q_hw[0]) & (qc < q_hw[1]), (kr < k_hw[0]) & (kc < k_hw[1])
+        # the same blocks as query rows x key columns, for factored scores
         rows = torch.where(row_valid, rows, torch.zeros_like(rows)).reshape(nh * nw, -1)
         cols = torch.where(col_valid, cols, torch.zeros_like(cols)).reshape(nh * nw, -1)
-        rows_inside = ((nh - 1) * qh * s + in_q[0] <= q_hw[0]
-                       and (nw - 1) * qw * s + in_q[1] <= q_hw[1])
-        cols_inside = nh * in_k[0] <= k_hw[0] and nw * in_k[1] <= k_hw[1]
         factors = dict(rows=rows.reshape(-1), cols=cols.reshape(-1),
                        row_valid=None if rows_inside else row_valid.reshape(nh * nw, -1),
                        col_valid=None if cols_inside else col_valid.reshape(nh * nw, -1))

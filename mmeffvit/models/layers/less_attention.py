@@ -247,8 +247,8 @@ class VanillaAttention(_ScoreAttention):
         b, h = q.shape[:2]
         query = torch.cat([q * self.scale, residual.query.to(q.dtype).expand(b, h, -1, -1)], -1)
         key = torch.cat([k, residual.key.to(k.dtype).expand(b, h, -1, -1)], -1)
-        scores = FactoredScores(query, key, residual.invariant_tail) if keep else None
         tail = residual.invariant_tail
+        scores = FactoredScores(query, key, tail) if keep else None
         if tail:  # a per-row constant: softmax-invariant, not worth a feature of the kernel
             query, key = query[..., :-tail], key[..., :-tail]
         width = v.shape[-1]
