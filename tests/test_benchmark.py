@@ -178,6 +178,27 @@ def test_report_tables_from_known_numbers():
     assert peer_sweep.rstrip(' |').endswith('| 40000 | –')
 
 
+def test_gemm_rate_is_the_fastest_kernels_and_names_the_others():
+    # two rounds; oneDNN's best time 0.004 s beats torch.mm's 0.01 s: the machine's rate is
+    # oneDNN's (1e9 MACs / 0.004 s = 250 GMAC/s), its median over its own times
+    runs = [dict(n=100, round=r, result=dict(
+        times=[0.004 + r * 0.002], macs=10 ** 9,
+        kernel_times={'torch.mm': [0.01 + r * 0.01], 'oneDNN': [0.004 + r * 0.002]}))
+        for r in range(2)]
+    rate = report.gemm_rate(runs)
+    assert rate['kernel'] == 'oneDNN' and rate['samples'] == 2
+    assert rate['best'] == pytest.approx(250.0) and rate['median'] == pytest.approx(200.0)
+    assert rate['others'] == {'torch.mm': pytest.approx(100.0)}
+    data = _synthetic_data()
+    data['gemm']['float32'] = runs
+    md = report.render_markdown(data)
+    assert 'fastest kernel, oneDNN): **250.0 GMAC/s** best, 200.0 median; torch.mm 100.0' in md
+    assert _row(md, 'Mine')[7] == '2 %'  # 4 GMAC/s of 250
+    # a run of the older tool (no kernel names) reads as torch.mm's
+    legacy = report.gemm_rate(_synthetic_data()['gemm']['float32'])
+    assert legacy['kernel'] == 'torch.mm' and legacy['best'] == pytest.approx(100.0)
+
+
 def test_speed_ratio_of_minima_and_of_medians_differ_when_the_peer_had_one_lucky_round():
     data = _synthetic_data()
     for m in data['measurements']:
@@ -234,7 +255,12 @@ def test_quick_run_end_to_end(tmp_path):
         # a 3× larger input needs more memory (the sweep's memory axis is not flat noise)
         assert stats[(name, (96, 128), 'train')]['alloc_peak'] > \
             stats[(name, (64, 64), 'train')]['alloc_peak']
-    assert data['gemm']['float32'][0]['result']['gmacs_per_s'] > 0
+    gemm = data['gemm']['float32'][0]['result']
+    assert gemm['gmacs_per_s'] > 0
+    # both CPU fp32 GEMMs are timed (oneDNN's where this torch has it); the rate is the faster's
+    from mmeffvit.models.layers.linear import _ONEDNN_LINEAR
+    assert set(gemm['kernel_times']) == {'torch.mm'} | ({'oneDNN'} if _ONEDNN_LINEAR else set())
+    assert min(gemm['times']) == min(min(t) for t in gemm['kernel_times'].values())
     # which GEMM mmeffvit's linears ran on depends on the CPU: the report says it
     from mmeffvit.models.layers.linear import choose_linear_kernel
     assert data['machine']['linear_kernel'] == choose_linear_kernel()

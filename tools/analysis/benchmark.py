@@ -400,7 +400,8 @@ def describe(job, result):
     if 'error' in result:
         what = f"ERROR {result['error']}"
     elif job['kind'] == 'gemm':
-        what = f"{result['gmacs_per_s']:.1f} GMAC/s"
+        what = ', '.join(f"{k} {result['macs'] / min(t) / 1e9:.1f}"
+                         for k, t in result.get('kernel_times', {}).items()) + ' GMAC/s'
     elif job['kind'] == 'macs':
         what = f"{result['macs'] / 1e9:.2f} GMACs"
     elif job['kind'] == 'machine':
