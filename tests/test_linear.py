@@ -260,6 +260,35 @@ def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize('kernel', ['onednn', 'aten'])
+def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_onednn(
+        monkeypatch, kernel):
+    """CPU inference with oneDNN's linears (the AVX-512 rule, forced here): the depthwise conv
+    and GELU are one oneDNN call; with MKL's linears (AVX2) the two stay apart. Either way the
+    output equals the modules composed by hand; training never takes the fused call."""
+    from mmeffvit.models.layers import depthwise_conv
+    from mmeffvit.models.layers.pvt_block import ConvMlp
+    if kernel == 'onednn' and not (depthwise_conv._ONEDNN_CONV_POINTWISE
+                                   and linear_module._ONEDNN_LINEAR):
+        pytest.skip('this torch has no oneDNN pointwise kernels')
+    monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', kernel)
+    torch.manual_seed(6)
+    mlp = ConvMlp(16, 64).eval()
+    x = torch.randn(2, 9 * 11, 16)
+    with torch.no_grad():
+        ops = _ops(lambda: mlp(x, (9, 11)))
+        out = mlp(x, (9, 11))
+        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
+        conv = mlp.dwconv.dwconv  # the map layout too, against torch's conv
+        h = torch.randn(2, 64, 9, 11)
+        torch.testing.assert_close(conv.forward_gelu(h),
+                                   F.gelu(F.conv2d(h, conv.weight, conv.bias, padding=1,
+                                                   groups=64)), rtol=1e-5, atol=1e-6)
+    assert ('mkldnn::_convolution_pointwise' in ops) == (kernel == 'onednn')
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    mlp.train()
+    assert 'mkldnn::_convolution_pointwise' not in _ops(lambda: mlp(x.requires_grad_(), (9, 11)))
+
 
 def _residual_reference(x, norm, mlp):
     """``x + fc2(gelu(fc1(layer_norm(x))))`` written with torch's functional operators."""

@@ -16,6 +16,10 @@ from torch.autograd.function import once_differentiable
 
 from ...ops import depthwise_conv_weight_grad
 from ...ops.depthwise_conv import compiled_weight_grad_applies
+from .linear import LINEAR_KERNEL, _needs_grad, _without_hooks, onednn_applies
+
+_ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
+                          and hasattr(torch.ops.mkldnn, '_convolution_pointwise'))
 
 #: smallest kernel side for which mmeffvit's weight gradient replaces oneDNN's on a CPU
 #: (compiled operator, 2 threads: k = 5 at 8-192 channels 1-7x faster, the FLatten stage-1
@@ -135,10 +139,7 @@ class DepthwiseConv2d(nn.Conv2d):
         """Args: x ``(B, r·C, H, W)``, or ``(B, H*W, r·C)`` with ``hw_shape = (H, W)``."""
         tokens = hw_shape is not None
         if tokens:
-            b, n, c = x.shape
-            if n != hw_shape[0] * hw_shape[1]:
-                raise ValueError(f'{n} tokens do not form the grid {tuple(hw_shape)}')
-            x = x.transpose(1, 2).reshape(b, c, *hw_shape)
+            x = self._token_map(x, hw_shape)
         weight, bias = self.repeated_parameters(repeats)
         if x.shape[1] != weight.shape[0]:
             raise ValueError(f'input has {x.shape[1]} channels, the conv expects '
@@ -147,4 +148,35 @@ class DepthwiseConv2d(nn.Conv2d):
             out = _DepthwiseConvFunction.apply(x, weight, bias, self.padding)
         else:
             out = F.conv2d(x, weight, bias, padding=self.padding, groups=weight.shape[0])
+        return out.flatten(2).transpose(1, 2) if tokens else out
+
+    @staticmethod
+    def _token_map(x, hw_shape):
+        b, n, c = x.shape
+        if n != hw_shape[0] * hw_shape[1]:
+            raise ValueError(f'{n} tokens do not form the grid {tuple(hw_shape)}')
+        return x.transpose(1, 2).reshape(b, c, *hw_shape)
+
+    def gelu_applies(self, x):
+        """Whether :meth:`forward_gelu` may run oneDNN's conv with GELU fused: CPU fp32
+        inference (nothing needs a gradient, no hooks) where mmeffvit's linears run oneDNN
+        (AVX-512 CPUs). There the fused pass wrote PVT v2's stage-1 hidden map (200 × 334 × 512)
+        in 49 ms against 44 + 43 for the conv and torch's GELU apart (Zen 5, 2 threads); on an
+        AVX2 Zen 3 the fused conv was the slower one (docs/profiles.md, fourteenth round)."""
+        return (LINEAR_KERNEL == 'onednn' and _ONEDNN_CONV_POINTWISE
+                and onednn_applies(x, self.weight) and x.dim() in (3, 4)
+                and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))
+
+    def forward_gelu(self, x, hw_shape=None):
+        """``F.gelu(self(x, hw_shape))`` (exact GELU), fused into oneDNN's conv where
+        :meth:`gelu_applies`."""
+        if not self.gelu_applies(x):
+            return F.gelu(self(x, hw_shape))
+        tokens = hw_shape is not None
+        if tokens:
+            x = self._token_map(x, hw_shape)
+        weight, bias = self.repeated_parameters()
+        out = torch.ops.mkldnn._convolution_pointwise(
+            x, weight, bias, list(self.padding), [1, 1], [1, 1], weight.shape[0], 'gelu', [],
+            'none')
         return out.flatten(2).transpose(1, 2) if tokens else out

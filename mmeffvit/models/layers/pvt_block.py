@@ -4,7 +4,7 @@ from timm.layers import DropPath
 
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
-from .linear import Linear, Mlp, gelu_linear, mlp_residual
+from .linear import Linear, Mlp, _without_hooks, gelu_linear, mlp_residual
 from .norm import LayerNormFP32
 from .spatial_reduction_attention import SpatialReductionAttention
 
@@ -37,9 +37,13 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw_shape):
-        x = self.dwconv(self.fc1(x), hw_shape)
-        if (type(self.act) is nn.GELU and self.act.approximate == 'none'
-                and (self.drop.p == 0 or not self.training)):
+        exact_gelu = type(self.act) is nn.GELU and self.act.approximate == 'none'
+        x = self.fc1(x)
+        if exact_gelu and self.dwconv.dwconv.gelu_applies(x) and _without_hooks(self.dwconv):
+            # CPU inference on AVX-512: GELU fused into oneDNN's conv (DepthwiseConv2d)
+            return self.drop(self.fc2(self.dwconv.dwconv.forward_gelu(x, hw_shape)))
+        x = self.dwconv(x, hw_shape)
+        if exact_gelu and (self.drop.p == 0 or not self.training):
             # GELU and fc2 one Function in training; x, the conv's output, is held by nobody else
             return self.drop(gelu_linear(x, self.fc2, owned=True))
         return self.drop(self.fc2(self.drop(self.act(x))))
