@@ -427,3 +427,28 @@ def test_attention_saturation_tool_reads_every_layer_map():
     for m in maps:
         torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]))
     assert tool.consecutive_similarity(maps) == [pytest.approx(1.0)]
+
+
+@pytest.mark.parametrize('la_mode', ['window', 'dense'])
+def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, la_mode):
+    """CPU fp32 inference with oneDNN's linears (forced): the VA layers attend by oneDNN row
+    blocks (no flash kernel runs), outputs equal to torch's SDPA path."""
+    from torch.profiler import profile
+
+    from mmeffvit.models.layers import less_attention, linear
+    if not linear._ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    monkeypatch.setattr(linear, 'LINEAR_KERNEL', 'onednn')
+    torch.manual_seed(0)
+    model = LaViT('tiny', la_mode=la_mode).eval()
+    _randomise_ar(model)
+    # the paper form (dense) holds LA maps for the training grid only
+    x = torch.randn(1, 3, *((124, 92) if la_mode == 'window' else (224, 224)))
+    with torch.no_grad():
+        with profile() as prof:
+            outs = model(x)
+        monkeypatch.setattr(less_attention, 'onednn_attention_applies', lambda *a, **k: False)
+        ref = model(x)
+    assert not any('flash' in e.key for e in prof.key_averages())
+    for a, b in zip(outs, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

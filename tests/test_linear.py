@@ -470,3 +470,31 @@ def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch):
     torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
     for p, q in zip(ours.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_onednn_attention_equals_softmax_attention_by_row_blocks():
+    """Blocks of query rows (3 here, the last short), two heads, a batch of two, a value width
+    other than the key's: equal to the explicit softmax in float64."""
+    if not linear_module._ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    torch.manual_seed(7)
+    q, k = torch.randn(2, 2, 5000, 16), torch.randn(2, 2, 1025, 16)
+    v = torch.randn(2, 2, 1025, 24)
+    out = linear_module.onednn_attention(q, k, v, 0.25)
+    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) * 0.25, -1) @ v.double()
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    out1 = linear_module.onednn_attention(q[:, :, :3], k, v[..., :16], 1.)
+    ref1 = F.scaled_dot_product_attention(q[:, :, :3], k, v[..., :16], scale=1.)
+    torch.testing.assert_close(out1, ref1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kernel', ['onednn', 'aten'])
+def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(monkeypatch, kernel):
+    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', kernel)
+    q, k = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 6, 4)
+    with torch.no_grad():
+        assert linear_module.onednn_attention_applies(q, k, k) == (
+            kernel == 'onednn' and linear_module._ONEDNN_LINEAR)
+        assert not linear_module.onednn_attention_applies(q, k, k, dropout=0.1)
+        assert not linear_module.onednn_attention_applies(q.double(), k.double(), k.double())
+    assert not linear_module.onednn_attention_applies(q.requires_grad_(), k, k)

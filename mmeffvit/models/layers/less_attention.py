@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import Linear, project_heads
+from .linear import Linear, onednn_attention, onednn_attention_applies, project_heads
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -215,6 +215,11 @@ class VanillaAttention(_ScoreAttention):
         fused = not need_scores and not (
             residual is not None and residual.requires_grad and torch.is_grad_enabled()
             and x.device.type == 'cpu')
+        if fused and residual is None and key_mask is None and onednn_attention_applies(
+                q, k, v, self.attn_drop.p if self.training else 0.):
+            out = onednn_attention(q, k, v, self.scale)
+            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+            return out, None, None, k_hw
         if fused:
             mask = None if key_mask is None else ~key_mask  # SDPA: True = attend
             if residual is not None:
@@ -242,7 +247,10 @@ class VanillaAttention(_ScoreAttention):
         this layer's scores as :class:`FactoredScores`."""
         dropout = self.attn_drop.p if self.training else 0.
         if residual is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+            if onednn_attention_applies(q, k, v, dropout):
+                out = onednn_attention(q, k, v, self.scale)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
             return out, FactoredScores(q * self.scale, k) if keep else None
         b, h = q.shape[:2]
         query = torch.cat([q * self.scale, residual.query.to(q.dtype).expand(b, h, -1, -1)], -1)
@@ -251,6 +259,8 @@ class VanillaAttention(_ScoreAttention):
         scores = FactoredScores(query, key, tail) if keep else None
         if tail:  # a per-row constant: softmax-invariant, not worth a feature of the kernel
             query, key = query[..., :-tail], key[..., :-tail]
+        if onednn_attention_applies(query, key, v, dropout):  # any value width
+            return onednn_attention(query, key, v, 1.), scores
         width = v.shape[-1]
         if q.device.type == 'cpu' and query.shape[-1] > width:
             # CPU's flash kernel needs one head size for q, k and v (else: the explicit math
