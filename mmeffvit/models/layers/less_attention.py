@@ -215,19 +215,18 @@ class VanillaAttention(_ScoreAttention):
         fused = not need_scores and not (
             residual is not None and residual.requires_grad and torch.is_grad_enabled()
             and x.device.type == 'cpu')
-        if fused and residual is None and key_mask is None and onednn_attention_applies(
-                q, k, v, self.attn_drop.p if self.training else 0.):
-            out = onednn_attention(q, k, v, self.scale)
-            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
-            return out, None, None, k_hw
         if fused:
-            mask = None if key_mask is None else ~key_mask  # SDPA: True = attend
-            if residual is not None:
-                mask = residual.to(q.dtype)
-                if key_mask is not None:
-                    mask = mask.masked_fill(key_mask, float('-inf'))
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.attn_drop.p if self.training else 0.)
+            dropout = self.attn_drop.p if self.training else 0.
+            if (residual is None and key_mask is None
+                    and onednn_attention_applies(q, k, v, dropout)):
+                out = onednn_attention(q, k, v, self.scale)
+            else:
+                mask = None if key_mask is None else ~key_mask  # SDPA: True = attend
+                if residual is not None:
+                    mask = residual.to(q.dtype)
+                    if key_mask is not None:
+                        mask = mask.masked_fill(key_mask, float('-inf'))
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
             return out, None, None, k_hw
         if (not need_probs and key_mask is None and not torch.is_grad_enabled()

@@ -112,15 +112,13 @@ def onednn_attention(q, k, v, scale):
     m, width = k.shape[-2], v.shape[-1]
     out = q.new_empty(b, h, n, width)
     rows = max(1, (1 << 21) // m)
-    linear_ = torch.ops.mkldnn._linear_pointwise
     for i in range(b):
         for j in range(h):
             query = q[i, j] * scale if scale != 1 else q[i, j]
             key, value_t = k[i, j].contiguous(), v[i, j].transpose(0, 1).contiguous()
             for start in range(0, n, rows):
-                scores = linear_(query[start:start + rows], key, None, 'none', [], '')
-                probs = torch.softmax(scores, -1)
-                out[i, j, start:start + rows] = linear_(probs, value_t, None, 'none', [], '')
+                probs = torch.softmax(fused_linear(query[start:start + rows], key, None), -1)
+                out[i, j, start:start + rows] = fused_linear(probs, value_t, None)
     return out
 
 
