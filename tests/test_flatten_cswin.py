@@ -165,3 +165,25 @@ def test_gradient_checkpointing_gives_the_same_result():
     out.sum().backward()
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(model.stage2[0].qkv.weight.grad, grad)
+
+
+@pytest.mark.parametrize('idx', [0, 1, -1])
+@pytest.mark.parametrize('hw', [(20, 23), (14, 14), (5, 9)])
+def test_inference_stripes_on_onednn_attend_real_tokens_only(monkeypatch, idx, hw):
+    """CPU fp32 inference with oneDNN's linears (forced): stripes attend by oneDNN row blocks,
+    the padded last stripe of each image on its real tokens (no mask, no flash kernel), equal to
+    the unpadded stripe-by-stripe reference."""
+    from torch.profiler import profile
+
+    from mmeffvit.models.layers import linear
+    if not linear._ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    monkeypatch.setattr(linear, 'LINEAR_KERNEL', 'onednn')
+    torch.manual_seed(0)
+    attn = LePEAttention(32, 2, split_size=7, idx=idx)
+    q, k, v = (torch.randn(2, hw[0] * hw[1], 32) for _ in range(3))
+    with torch.no_grad(), profile() as prof:
+        out = attn(q, k, v, hw)
+    assert not any('scaled_dot_product' in e.key for e in prof.key_averages())
+    ref = _reference_stripes(attn.double(), q.double(), k.double(), v.double(), hw)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)

@@ -486,6 +486,14 @@ def test_onednn_attention_equals_softmax_attention_by_row_blocks():
     out1 = linear_module.onednn_attention(q[:, :, :3], k, v[..., :16], 1.)
     ref1 = F.scaled_dot_product_attention(q[:, :, :3], k, v[..., :16], scale=1.)
     torch.testing.assert_close(out1, ref1, rtol=1e-5, atol=1e-5)
+    # strided heads (views into one projection) in, a strided view out
+    qkv = torch.randn(2, 300, 3, 2, 16)
+    q2, k2, v2 = (t.transpose(1, 2) for t in qkv.unbind(2))
+    buffer = torch.full((2, 300, 2, 16), float('nan'))
+    out2 = linear_module.onednn_attention(q2, k2, v2, 0.25, out=buffer.transpose(1, 2))
+    assert out2.data_ptr() == buffer.data_ptr()
+    ref2 = torch.softmax(q2.double() @ k2.double().transpose(-1, -2) * 0.25, -1) @ v2.double()
+    torch.testing.assert_close(buffer.transpose(1, 2), ref2.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('kernel', ['onednn', 'aten'])

@@ -104,21 +104,25 @@ def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
             and k.shape[-2] == v.shape[-2])
 
 
-def onednn_attention(q, k, v, scale):
+def onednn_attention(q, k, v, scale, out=None):
     """``softmax(scale · q kᵀ) v`` for ``(B, H, N, d)`` queries and ``(B, H, M, d | d_v)`` keys
     and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (2 M elements):
-    two oneDNN GEMMs and a softmax each; no ``N × M`` map is written."""
+    two oneDNN GEMMs and a softmax each; no ``N × M`` map is written. ``out``: an optional
+    ``(B, H, N, d_v)`` tensor or view (any strides) written and returned."""
     b, h, n, _ = q.shape
     m, width = k.shape[-2], v.shape[-1]
-    out = q.new_empty(b, h, n, width)
+    out = q.new_empty(b, h, n, width) if out is None else out
     rows = max(1, (1 << 21) // m)
+    # contiguous heads in one pass each (a strided head, e.g. a view into a qkv projection,
+    # slows each of oneDNN's calls down more than the copy costs)
+    query = torch.mul(q, scale, out=q.new_empty(q.shape))
+    key, value_t = k.contiguous(), v.transpose(-1, -2).contiguous()
     for i in range(b):
         for j in range(h):
-            query = q[i, j] * scale if scale != 1 else q[i, j]
-            key, value_t = k[i, j].contiguous(), v[i, j].transpose(0, 1).contiguous()
             for start in range(0, n, rows):
-                probs = torch.softmax(fused_linear(query[start:start + rows], key, None), -1)
-                out[i, j, start:start + rows] = fused_linear(probs, value_t, None)
+                scores = fused_linear(query[i, j, start:start + rows], key[i, j], None)
+                probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+                out[i, j, start:start + rows] = fused_linear(probs, value_t[i, j], None)
     return out
 
 
