@@ -55,10 +55,11 @@ class LePEAttention(nn.Module):
     the attention output.
 
     Any ``H×W``: the map is zero-padded at the bottom/right to a multiple of the stripe width where
-    stripes need it, padded keys are masked out of the softmax and the output is cropped. Because
-    padded v is zero too, a real token's output is exactly what a shorter last stripe (with the
-    conv's own zero padding at its edge) gives; ``tests/test_flatten_cswin.py`` checks this against
-    an unpadded, stripe-by-stripe reference.
+    stripes need it, padded keys are masked out of the softmax (in CPU fp32 inference on oneDNN
+    the padded stripe attends its real tokens only, :meth:`_attend_real_tokens`) and the output
+    is cropped. Because padded v is zero too, a real token's output is exactly what a shorter
+    last stripe (with the conv's own zero padding at its edge) gives;
+    ``tests/test_flatten_cswin.py`` checks this against an unpadded, stripe-by-stripe reference.
 
     Args:
         embed_dims (int): Channels of this branch.

@@ -106,17 +106,18 @@ def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
 
 def onednn_attention(q, k, v, scale, out=None):
     """``softmax(scale · q kᵀ) v`` for ``(B, H, N, d)`` queries and ``(B, H, M, d | d_v)`` keys
-    and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (1 M elements:
-    LaViT-T's global attention took 3-6 % longer with 2 M, 6-15 % with 256 K; Zen 5, 2 threads): two oneDNN
-    GEMMs and a softmax each; no ``N × M`` map is written. ``out``: an optional
-    ``(B, H, N, d_v)`` tensor or view (any strides) written and returned."""
+    and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (1 M elements;
+    LaViT-T's global attention took 3-6 % longer with 2 M, 6-15 % with 256 K; Zen 5, 2
+    threads): two oneDNN GEMMs and a softmax each; no ``N × M`` map is written. ``out``: an
+    optional ``(B, H, N, d_v)`` tensor or view (any strides) written and returned."""
     b, h, n, _ = q.shape
     m, width = k.shape[-2], v.shape[-1]
     out = q.new_empty(b, h, n, width) if out is None else out
     rows = max(1, (1 << 20) // m)
     # contiguous heads in one pass each (a strided head, e.g. a view into a qkv projection,
     # slows each of oneDNN's calls down more than the copy costs)
-    query = torch.mul(q, scale, out=q.new_empty(q.shape))
+    query = (q if scale == 1 and q.is_contiguous()
+             else torch.mul(q, scale, out=q.new_empty(q.shape)))
     key, value_t = k.contiguous(), v.transpose(-1, -2).contiguous()
     for i in range(b):
         for j in range(h):
