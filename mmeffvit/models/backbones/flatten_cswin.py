@@ -100,16 +100,22 @@ class LePEAttention(nn.Module):
         pad_h, pad_w = (-h) % wh, (-w) % ww
         if not (pad_h or pad_w):
             return None
-        key = (h, w, dtype, device, torch.is_inference_mode_enabled())
-        if key not in self._mask_cache:
+
+        def build():
             real = torch.zeros(h + pad_h, w + pad_w, dtype=torch.bool, device=device)
             real[:h, :w] = True
             real = real.reshape((h + pad_h) // wh, wh, (w + pad_w) // ww, ww)
             real = real.permute(0, 2, 1, 3).reshape(-1, 1, 1, wh * ww)
             mask = torch.zeros(real.shape, dtype=dtype, device=device)
+            return mask.masked_fill_(~real, float('-inf'))
+        return self._cached((h, w, dtype, device, torch.is_inference_mode_enabled()), build)
+
+    def _cached(self, key, build):
+        """``build()``, kept per key in the run-time cache (at most 8 geometries)."""
+        if key not in self._mask_cache:
             if len(self._mask_cache) >= 8:
                 self._mask_cache.clear()
-            self._mask_cache[key] = mask.masked_fill_(~real, float('-inf'))
+            self._mask_cache[key] = build()
         return self._mask_cache[key]
 
     def real_tokens(self, hw, device):
@@ -120,14 +126,12 @@ class LePEAttention(nn.Module):
         real_h, real_w = wh - (-hw[0]) % wh, ww - (-hw[1]) % ww
         if (real_h, real_w) == (wh, ww):
             return None
-        key = ('real', *hw, device)
-        if key not in self._mask_cache:
+
+        def build():
             real = torch.zeros(wh, ww, dtype=torch.bool, device=device)
             real[:real_h, :real_w] = True
-            if len(self._mask_cache) >= 8:
-                self._mask_cache.clear()
-            self._mask_cache[key] = real.flatten().nonzero().squeeze(1)
-        return self._mask_cache[key]
+            return real.flatten().nonzero().squeeze(1)
+        return self._cached(('real', *hw, device), build)
 
     def _attend_real_tokens(self, q, k, v, hw, batch):
         """:func:`onednn_attention` (CPU fp32 inference where the linears run oneDNN) of
