@@ -18,6 +18,15 @@ def ops_on(monkeypatch):
     monkeypatch.setenv('MMEFFVIT_OPS', '1')
 
 
+@pytest.fixture(params=['brgemm', 'blas'])
+def cpu_gemm(request):
+    """Runs a test with the CPU kernels' fp32 block products on each GEMM (restored after)."""
+    ext = ops.load_ext()
+    before = ext.set_cpu_gemm(request.param)
+    yield request.param
+    ext.set_cpu_gemm(before)
+
+
 def naive_attention(q, k, v, normalizer='mean', eps=1e-6, tau=1.0, clamp_min=100.):
     """The explicit N×n form: o_i = τ Σ_j (q_i·k_j) v_j / normaliser_i (independent reference)."""
     a = q @ k.transpose(-2, -1)  # (B, h, N, n)
@@ -153,7 +162,7 @@ def test_attention_temperature_and_identity_values_against_reference(ops_on):
 
 @needs_ext
 @pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_attention_dtypes_long_sequences(ops_on, dtype, tol):
+def test_attention_dtypes_long_sequences(ops_on, cpu_gemm, dtype, tol):
     # more rows than one 512-row block; d not a power of two
     q, k, v = qkv(B=1, h=2, N=1100, n=700, d=24, e=24, dtype=torch.float32)
     qa, ka, va = (t.to(dtype).requires_grad_() for t in (q, k, v))
@@ -289,7 +298,7 @@ def test_focused_gradcheck_float64(ops_on, p):
 
 @needs_ext
 @pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_focused_dtypes_against_reference(ops_on, dtype, tol):
+def test_focused_dtypes_against_reference(ops_on, cpu_gemm, dtype, tol):
     q, k, v, scale = fla_inputs(1, 600, 600, 32, dtype=dtype, seed=1)
     scale = scale.float()
     ins = [t.requires_grad_() for t in (q, k, v, scale)]
@@ -347,6 +356,49 @@ def test_focused_compiled_entry_points_check_arguments():
     with pytest.raises(RuntimeError, match='grad must be'):
         ext.focused_linear_attention_backward(q[..., :6], q, k, v, scale, torch.zeros(2, 3, 4, 4),
                                               torch.zeros(2, 3, 4), 3, 3.0, 1e-6, 1e-6)
+
+
+@needs_ext
+def test_cpu_gemm_choice():
+    ext = ops.load_ext()
+    before = ext.set_cpu_gemm('auto')
+    try:
+        avx512 = torch.backends.cpu.get_cpu_capability().startswith('AVX512')
+        assert ext.set_cpu_gemm('blas') == ('brgemm' if avx512 else 'blas')
+        assert ext.set_cpu_gemm('auto') == 'blas'
+        with pytest.raises(RuntimeError, match="'brgemm', 'blas' or 'auto'"):
+            ext.set_cpu_gemm('mkl')
+    finally:
+        ext.set_cpu_gemm(before)
+
+
+@needs_ext
+def test_focused_brgemm_and_blas_agree_with_strided_heads_and_a_partial_block(ops_on):
+    # the model's layout: k and v halves of one kv projection, 2 heads of 64; 300 rows = one
+    # full 256-row block and a partial one (a second brgemm kernel); a transposed operand in
+    # the state product and in both backward products
+    ext = ops.load_ext()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 300, 128, generator=g)
+    kv = torch.randn(2, 300, 256, generator=g)
+    k, v = kv.chunk(2, -1)
+    scale = torch.randn(128, generator=g) * 0.1
+    grad = torch.randn(2, 300, 128, generator=g)
+    ref = focused_linear_attention_ref(q.double(), k.double(), v.double(), scale.double(), 2)
+    before = ext.set_cpu_gemm('auto')
+    try:
+        results = {}
+        for name in ('brgemm', 'blas'):
+            ext.set_cpu_gemm(name)
+            out, kv_state, ksum = ext.focused_linear_attention_forward(q, k, v, scale, 2, 3.0,
+                                                                       1e-6, 1e-6)
+            results[name] = [out] + ext.focused_linear_attention_backward(
+                grad, q, k, v, scale, kv_state, ksum, 2, 3.0, 1e-6, 1e-6)
+    finally:
+        ext.set_cpu_gemm(before)
+    torch.testing.assert_close(results['brgemm'][0].double(), ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(results['brgemm'], results['blas']):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
 
 
 # ---------------------------------------------------------------- models, ops on vs off

@@ -16,6 +16,12 @@ _error = None
 _logged = False
 
 
+# MMEFFVIT_LINEAR_KERNEL (mmeffvit.models.layers.linear) also picks the GEMM of the compiled CPU
+# kernels' block products: oneDNN's brgemm or the BLAS library (the default follows the same
+# AVX-512 rule in C++)
+_CPU_GEMM_OF_LINEAR_KERNEL = {'onednn': 'brgemm', 'aten': 'blas'}
+
+
 def load_ext():
     """The ``mmeffvit._ext`` module, or None when it is not built (imported once)."""
     global _ext, _error
@@ -24,6 +30,10 @@ def load_ext():
             _ext = importlib.import_module('mmeffvit._ext')
         except ImportError as err:  # not built (or built for another torch)
             _ext, _error = None, err
+        else:
+            forced = os.environ.get('MMEFFVIT_LINEAR_KERNEL', '')
+            if forced in _CPU_GEMM_OF_LINEAR_KERNEL and hasattr(_ext, 'set_cpu_gemm'):
+                _ext.set_cpu_gemm(_CPU_GEMM_OF_LINEAR_KERNEL[forced])
     return _ext
 
 

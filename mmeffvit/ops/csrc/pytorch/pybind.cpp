@@ -1,6 +1,7 @@
 // Python bindings of mmeffvit._ext (the one translation unit that includes pybind11).
 #include <torch/extension.h>
 
+#include "cpu/cpu_blas.h"
 #include "depthwise_conv.h"
 #include "linear_attention.h"
 #include "window_attention.h"
@@ -43,5 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "softmax attention of windows whose keys are gathered from a bank, heads merged, "
         "inference (CPU)", py::arg("q"), py::arg("bank"), py::arg("index"), py::arg("bias"),
         py::arg("key_mask"), py::arg("scale"));
+  m.def("set_cpu_gemm", &mmeffvit::cpu::set_cpu_gemm,
+        "the GEMM of the CPU kernels' block products: 'brgemm' (oneDNN's, through ATen), 'blas' "
+        "or 'auto' (brgemm where ATen reports AVX-512); returns the one in use before",
+        py::arg("name"));
   m.def("compiled_with_cuda", &mmeffvit::compiled_with_cuda, "whether CUDA kernels are built");
 }
