@@ -506,3 +506,33 @@ def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(monk
         assert not linear_module.onednn_attention_applies(q, k, k, dropout=0.1)
         assert not linear_module.onednn_attention_applies(q.double(), k.double(), k.double())
     assert not linear_module.onednn_attention_applies(q.requires_grad_(), k, k)
+
+
+def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(monkeypatch):
+    """Where the conv and GELU are fused (oneDNN's linears, forced here), a 3×3 conv on a map of
+    at least COMPILED_CONV3X3_GELU_MIN_ELEMENTS runs mmeffvit's compiled pass instead of oneDNN's
+    conv (lowered to 0 here); the output equals the modules composed by hand."""
+    from mmeffvit import ops
+    from mmeffvit.models.layers import depthwise_conv
+    from mmeffvit.models.layers.pvt_block import ConvMlp
+    if ops.load_ext() is None or not linear_module._ONEDNN_LINEAR:
+        pytest.skip('needs mmeffvit._ext and oneDNN linears')
+    monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', 'onednn')
+    monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
+    calls = []
+    compiled = depthwise_conv.depthwise_conv3x3_gelu
+    monkeypatch.setattr(depthwise_conv, 'depthwise_conv3x3_gelu',
+                        lambda *args: calls.append(1) or compiled(*args))
+    torch.manual_seed(7)
+    mlp = ConvMlp(16, 40).eval()
+    x = torch.randn(2, 9 * 11, 16)
+    with torch.no_grad():
+        ops_seen = _ops(lambda: mlp(x, (9, 11)))
+        out = mlp(x, (9, 11))
+        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
+    assert calls and 'mkldnn::_convolution_pointwise' not in ops_seen
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    mlp.train()
+    mlp(x.requires_grad_(), (9, 11))
+    assert not calls

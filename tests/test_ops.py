@@ -1,10 +1,12 @@
 """mmeffvit.ops: compiled operators against their PyTorch references, gradcheck, errors, models."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmeffvit import ops
 from mmeffvit.models import FLattenPVT
-from mmeffvit.ops import (focus_feature_map, focus_feature_map_ref, focused_linear_attention,
+from mmeffvit.ops import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref, focus_feature_map,
+                          focus_feature_map_ref, focused_linear_attention,
                           focused_linear_attention_ref, linear_attention, linear_attention_ref)
 
 needs_ext = pytest.mark.skipif(ops.load_ext() is None, reason='mmeffvit._ext is not built')
@@ -399,6 +401,81 @@ def test_focused_brgemm_and_blas_agree_with_strided_heads_and_a_partial_block(op
     torch.testing.assert_close(results['brgemm'][0].double(), ref, rtol=1e-5, atol=1e-6)
     for a, b in zip(results['brgemm'], results['blas']):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+
+# ---------------------------------------------------------------- depthwise conv 3x3 + GELU
+def conv3x3_gelu_float64(x, weight, bias, hw_shape):
+    """Independent reference: zero-padded 3×3 taps summed by hand in float64, then exact GELU."""
+    b, _, c = x.shape
+    h, w = hw_shape
+    pad = F.pad(x.double().reshape(b, h, w, c), (0, 0, 1, 1, 1, 1))
+    out = sum(pad[:, i:i + h, j:j + w] * weight.double()[:, 0, i, j]
+              for i in range(3) for j in range(3))
+    if bias is not None:
+        out = out + bias.double()
+    return F.gelu(out).reshape(b, h * w, c)
+
+
+@needs_ext
+@pytest.mark.parametrize('vectorized', [True, False])
+@pytest.mark.parametrize('shape,bias', [((2, 5, 7, 20), True), ((1, 1, 1, 16), True),
+                                        ((1, 1, 9, 33), False), ((1, 9, 1, 48), True),
+                                        ((2, 3, 2, 64), True), ((1, 6, 5, 1), True)])
+def test_depthwise_conv3x3_gelu_matches_float64_taps(vectorized, shape, bias):
+    # channels not a multiple of 16 (masked vectors), single rows / columns (edge columns only)
+    b, h, w, c = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    x = 2 * torch.randn(b, h * w, c, generator=g)
+    weight = torch.randn(c, 1, 3, 3, generator=g)
+    bias = torch.randn(c, generator=g) if bias else None
+    out = ops.load_ext().depthwise_conv3x3_gelu(x, weight, bias, h, w, vectorized)
+    assert out.shape == x.shape and out.is_contiguous()
+    torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (h, w)),
+                               rtol=1e-6, atol=4e-6)
+
+
+@needs_ext
+def test_depthwise_conv3x3_gelu_large_map_with_non_temporal_stores():
+    # over 32 MiB of output: the streaming stores; the wrapper takes the compiled pass
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 64 * 130, 1024, generator=g)
+    weight = torch.randn(1024, 1, 3, 3, generator=g) * 0.3
+    bias = torch.randn(1024, generator=g) * 0.1
+    with torch.no_grad():
+        assert ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+        out = depthwise_conv3x3_gelu(x, weight, bias, (64, 130))
+    torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (64, 130)),
+                               rtol=1e-6, atol=4e-6)
+
+
+def test_depthwise_conv3x3_gelu_reference_path_where_the_pass_does_not_apply(monkeypatch):
+    # small maps, gradients or MMEFFVIT_OPS=0: F.conv2d + F.gelu, differentiable
+    x = torch.randn(2, 4 * 5, 8, requires_grad=True)
+    weight, bias = torch.randn(8, 1, 3, 3), torch.randn(8)
+    assert not ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+    out = depthwise_conv3x3_gelu(x, weight, bias, (4, 5))
+    assert out.requires_grad
+    torch.testing.assert_close(out, depthwise_conv3x3_gelu_ref(x, weight, bias, (4, 5)))
+    torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (4, 5)),
+                               rtol=1e-6, atol=4e-6)
+    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+    monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
+    with torch.no_grad():
+        assert not ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+
+
+@needs_ext
+def test_depthwise_conv3x3_gelu_checks_arguments():
+    ext = ops.load_ext()
+    x, weight = torch.randn(1, 12, 8), torch.randn(8, 1, 3, 3)
+    with pytest.raises(RuntimeError, match='do not form the grid'):
+        ext.depthwise_conv3x3_gelu(x, weight, None, 3, 5)
+    with pytest.raises(RuntimeError, match='float32 CPU tokens'):
+        ext.depthwise_conv3x3_gelu(x.double(), weight, None, 3, 4)
+    with pytest.raises(RuntimeError, match=r'weight must be float32 \(8, 1, 3, 3\)'):
+        ext.depthwise_conv3x3_gelu(x, torch.randn(8, 1, 5, 5), None, 3, 4)
+    with pytest.raises(RuntimeError, match='bias must be float32 with 8 elements'):
+        ext.depthwise_conv3x3_gelu(x, weight, torch.randn(7), 3, 4)
 
 
 # ---------------------------------------------------------------- models, ops on vs off

@@ -10,11 +10,13 @@ attention on mapped features: FLatten's mean normaliser or L²ViT's clamped sum 
 and :func:`focused_linear_attention` (both in one operator on the token layout; on CPU one pass
 over cache-sized token blocks, on CUDA the two CUDA operators composed);
 :func:`depthwise_conv_weight_grad` (the weight gradient of a stride-1 depthwise conv on
-channels-last token maps, CPU); :func:`window_attention` (softmax attention in small windows,
+channels-last token maps, CPU); :func:`depthwise_conv3x3_gelu` (PVT v2's 3×3 depthwise conv and
+GELU in one pass, CPU inference); :func:`window_attention` (softmax attention in small windows,
 heads merged, CPU inference) and :func:`gathered_window_attention` (the same with each window's
 keys read from a shared bank through an index: Focal attention).
 """
-from .depthwise_conv import depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref
+from .depthwise_conv import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
+                             depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref)
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
 from .focused_linear_attention import focused_linear_attention, focused_linear_attention_ref
@@ -23,7 +25,8 @@ from .window_attention import (gathered_window_attention, gathered_window_attent
                                window_attention, window_attention_ref)
 
 __all__ = [
-    'depthwise_conv_weight_grad', 'depthwise_conv_weight_grad_ref',
+    'depthwise_conv3x3_gelu', 'depthwise_conv3x3_gelu_ref', 'depthwise_conv_weight_grad',
+    'depthwise_conv_weight_grad_ref',
     'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
     'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
     'get_ext', 'load_ext', 'ops_mode', 'window_attention', 'window_attention_ref',

@@ -14,8 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ...ops import depthwise_conv_weight_grad
-from ...ops.depthwise_conv import compiled_weight_grad_applies
+from ...ops import depthwise_conv3x3_gelu, depthwise_conv_weight_grad
+from ...ops.depthwise_conv import compiled_conv3x3_gelu_applies, compiled_weight_grad_applies
 from .linear import LINEAR_KERNEL, _needs_grad, _without_hooks, onednn_applies
 
 _ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
@@ -158,7 +158,7 @@ class DepthwiseConv2d(nn.Conv2d):
         return x.transpose(1, 2).reshape(b, c, *hw_shape)
 
     def gelu_applies(self, x):
-        """Whether :meth:`forward_gelu` may run oneDNN's conv with GELU fused: CPU fp32
+        """Whether :meth:`forward_gelu` may fuse the conv and GELU: CPU fp32
         inference (nothing needs a gradient, no hooks) where mmeffvit's linears run oneDNN
         (AVX-512 CPUs). There the fused pass wrote PVT v2's stage-1 hidden map (200 × 334 × 512)
         in 49 ms against 44 + 43 for the conv and torch's GELU apart (Zen 5, 2 threads); on an
@@ -168,11 +168,15 @@ class DepthwiseConv2d(nn.Conv2d):
                 and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))
 
     def forward_gelu(self, x, hw_shape=None):
-        """``F.gelu(self(x, hw_shape))`` (exact GELU), fused into oneDNN's conv where
-        :meth:`gelu_applies`."""
+        """``F.gelu(self(x, hw_shape))`` (exact GELU), fused where :meth:`gelu_applies`: a 3×3
+        kernel on large token maps by mmeffvit's compiled pass
+        (:func:`mmeffvit.ops.depthwise_conv3x3_gelu`), otherwise into oneDNN's conv."""
         if not self.gelu_applies(x):
             return F.gelu(self(x, hw_shape))
         tokens = hw_shape is not None
+        if (tokens and self.kernel_size == (3, 3) and self.padding == (1, 1)
+                and compiled_conv3x3_gelu_applies(x)):
+            return depthwise_conv3x3_gelu(x, self.weight, self.bias, hw_shape)
         if tokens:
             x = self._token_map(x, hw_shape)
         weight, bias = self.repeated_parameters()

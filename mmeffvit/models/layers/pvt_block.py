@@ -40,7 +40,7 @@ class ConvMlp(nn.Module):
         exact_gelu = type(self.act) is nn.GELU and self.act.approximate == 'none'
         x = self.fc1(x)
         if exact_gelu and self.dwconv.dwconv.gelu_applies(x) and _without_hooks(self.dwconv):
-            # CPU inference on AVX-512: GELU fused into oneDNN's conv (DepthwiseConv2d)
+            # CPU inference on AVX-512: conv and GELU one pass (DepthwiseConv2d.forward_gelu)
             return self.drop(self.fc2(self.dwconv.dwconv.forward_gelu(x, hw_shape)))
         x = self.dwconv(x, hw_shape)
         if exact_gelu and (self.drop.p == 0 or not self.training):

@@ -35,4 +35,28 @@ at::Tensor depthwise_conv_weight_grad(const at::Tensor& input, const at::Tensor&
   return depthwise_conv_weight_grad_cpu(ready(input), ready(grad), kh, kw, ph, pw);
 }
 
+at::Tensor depthwise_conv3x3_gelu(const at::Tensor& x, const at::Tensor& weight,
+                                  const c10::optional<at::Tensor>& bias, int64_t H, int64_t W,
+                                  bool vectorized) {
+  TORCH_CHECK(x.dim() == 3 && x.device().is_cpu() && x.scalar_type() == at::kFloat,
+              "depthwise_conv3x3_gelu expects float32 CPU tokens (B, H*W, C), got ", x.sizes(),
+              " ", x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(H > 0 && W > 0 && x.size(1) == H * W, x.size(1), " tokens do not form the grid ",
+              H, "x", W);
+  const int64_t C = x.size(2);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
+                  weight.dim() == 4 && weight.size(0) == C && weight.size(1) == 1 &&
+                  weight.size(2) == 3 && weight.size(3) == 3,
+              "weight must be float32 (", C, ", 1, 3, 3) on the CPU, got ", weight.sizes(), " ",
+              weight.scalar_type());
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->device().is_cpu() &&
+                    bias->numel() == C,
+                "bias must be float32 with ", C, " elements on the CPU, got ", bias->sizes());
+    b = bias->contiguous();
+  }
+  return depthwise_conv3x3_gelu_cpu(x.contiguous(), weight, b, H, W, vectorized);
+}
+
 }  // namespace mmeffvit

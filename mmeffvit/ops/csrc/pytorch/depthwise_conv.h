@@ -12,8 +12,18 @@ namespace mmeffvit {
 at::Tensor depthwise_conv_weight_grad_cpu(const at::Tensor& input, const at::Tensor& grad,
                                           int64_t kh, int64_t kw, int64_t ph, int64_t pw);
 
-// device-independent entry point (argument checks, then dispatch)
+// Inference of gelu(depthwise_conv3x3(x) + bias) (stride 1, zero padding 1, exact GELU) on
+// float32 tokens x (B, H*W, C) (contiguous), weight (C, 1, 3, 3), bias (C) or undefined;
+// returns contiguous (B, H*W, C). `vectorized` false forces the plain loops (tests).
+at::Tensor depthwise_conv3x3_gelu_cpu(const at::Tensor& x, const at::Tensor& weight,
+                                      const at::Tensor& bias, int64_t H, int64_t W,
+                                      bool vectorized);
+
+// device-independent entry points (argument checks, then dispatch)
 at::Tensor depthwise_conv_weight_grad(const at::Tensor& input, const at::Tensor& grad,
                                       int64_t kh, int64_t kw, int64_t ph, int64_t pw);
+at::Tensor depthwise_conv3x3_gelu(const at::Tensor& x, const at::Tensor& weight,
+                                  const c10::optional<at::Tensor>& bias, int64_t H, int64_t W,
+                                  bool vectorized);
 
 }  // namespace mmeffvit

@@ -44,6 +44,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "softmax attention of windows whose keys are gathered from a bank, heads merged, "
         "inference (CPU)", py::arg("q"), py::arg("bank"), py::arg("index"), py::arg("bias"),
         py::arg("key_mask"), py::arg("scale"));
+  m.def("depthwise_conv3x3_gelu", &mmeffvit::depthwise_conv3x3_gelu,
+        "gelu(3x3 depthwise conv + bias) on (B, H*W, C) float32 tokens, CPU inference",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("H"), py::arg("W"),
+        py::arg("vectorized") = true);
   m.def("set_cpu_gemm", &mmeffvit::cpu::set_cpu_gemm,
         "the GEMM of the CPU kernels' block products: 'brgemm' (oneDNN's, through ATen), 'blas' "
         "or 'auto' (brgemm where ATen reports AVX-512); returns the one in use before",
