@@ -260,6 +260,20 @@ def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+def _conv_mlp_inference(seed, hidden):
+    """PVT v2's ConvMlp (16 → hidden → 16) in inference on 2 × 9 × 11 tokens: the module, its
+    input, the operators one forward ran, its output and the modules composed by hand."""
+    from mmeffvit.models.layers.pvt_block import ConvMlp
+    torch.manual_seed(seed)
+    mlp = ConvMlp(16, hidden).eval()
+    x = torch.randn(2, 9 * 11, 16)
+    with torch.no_grad():
+        ops_seen = _ops(lambda: mlp(x, (9, 11)))
+        out = mlp(x, (9, 11))
+        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
+    return mlp, x, ops_seen, out, expected
+
+
 @pytest.mark.parametrize('kernel', ['onednn', 'aten'])
 def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_onednn(
         monkeypatch, kernel):
@@ -267,18 +281,12 @@ def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_on
     and GELU are one oneDNN call; with MKL's linears (AVX2) the two stay apart. Either way the
     output equals the modules composed by hand; training never takes the fused call."""
     from mmeffvit.models.layers import depthwise_conv
-    from mmeffvit.models.layers.pvt_block import ConvMlp
     if kernel == 'onednn' and not (depthwise_conv._ONEDNN_CONV_POINTWISE
                                    and linear_module._ONEDNN_LINEAR):
         pytest.skip('this torch has no oneDNN pointwise kernels')
     monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', kernel)
-    torch.manual_seed(6)
-    mlp = ConvMlp(16, 64).eval()
-    x = torch.randn(2, 9 * 11, 16)
+    mlp, x, ops, out, expected = _conv_mlp_inference(seed=6, hidden=64)
     with torch.no_grad():
-        ops = _ops(lambda: mlp(x, (9, 11)))
-        out = mlp(x, (9, 11))
-        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
         conv = mlp.dwconv.dwconv  # the map layout too, against torch's conv
         h = torch.randn(2, 64, 9, 11)
         torch.testing.assert_close(conv.forward_gelu(h),
@@ -514,7 +522,6 @@ def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(
     conv (lowered to 0 here); the output equals the modules composed by hand."""
     from mmeffvit import ops
     from mmeffvit.models.layers import depthwise_conv
-    from mmeffvit.models.layers.pvt_block import ConvMlp
     if ops.load_ext() is None or not linear_module._ONEDNN_LINEAR:
         pytest.skip('needs mmeffvit._ext and oneDNN linears')
     monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', 'onednn')
@@ -523,13 +530,7 @@ def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(
     compiled = depthwise_conv.depthwise_conv3x3_gelu
     monkeypatch.setattr(depthwise_conv, 'depthwise_conv3x3_gelu',
                         lambda *args: calls.append(1) or compiled(*args))
-    torch.manual_seed(7)
-    mlp = ConvMlp(16, 40).eval()
-    x = torch.randn(2, 9 * 11, 16)
-    with torch.no_grad():
-        ops_seen = _ops(lambda: mlp(x, (9, 11)))
-        out = mlp(x, (9, 11))
-        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
+    mlp, x, ops_seen, out, expected = _conv_mlp_inference(seed=7, hidden=40)
     assert calls and 'mkldnn::_convolution_pointwise' not in ops_seen
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     calls.clear()

@@ -7,9 +7,9 @@
 // (256 x 64 x 64; with a transposed operand, copied first, 88). The choice follows the rule of
 // mmeffvit's linear layers (oneDNN on AVX-512 only) and set_cpu_gemm overrides it.
 //
-// ATen's cpublas::gemm is not exported and dispatched ATen ops inside a parallel region fight over the
-// threads (measured 8x slower on 2 cores), so the Fortran sgemm_/dgemm_ of the library torch
-// loaded (MKL or OpenBLAS) is looked up at run time. Called inside at::parallel_for, MKL and
+// ATen's cpublas::gemm is not exported and dispatched ATen ops inside a parallel region fight
+// over the threads (measured 8x slower on 2 cores), so the Fortran sgemm_/dgemm_ of the library
+// torch loaded (MKL or OpenBLAS) is looked up at run time. Called inside at::parallel_for, MKL and
 // OpenBLAS run single-threaded (for MKL this is enforced: see BlasThreadsInRegion). Naive loops
 // are the fallback when no BLAS symbol is found.
 #pragma once
