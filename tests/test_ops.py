@@ -376,16 +376,16 @@ def test_cpu_gemm_choice():
 
 @needs_ext
 def test_focused_brgemm_and_blas_agree_with_strided_heads_and_a_partial_block(ops_on):
-    # the model's layout: k and v halves of one kv projection, 2 heads of 64; 300 rows = one
-    # full 256-row block and a partial one (a second brgemm kernel); a transposed operand in
-    # the state product and in both backward products
+    # the model's layout: k and v halves of one kv projection, 2 heads of 64; 304 rows = one
+    # full 256-row block and a partial one of 48 (a second brgemm kernel; a ragged one would
+    # stay on BLAS); a transposed operand in the state product and in both backward products
     ext = ops.load_ext()
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(2, 300, 128, generator=g)
-    kv = torch.randn(2, 300, 256, generator=g)
+    q = torch.randn(2, 304, 128, generator=g)
+    kv = torch.randn(2, 304, 256, generator=g)
     k, v = kv.chunk(2, -1)
     scale = torch.randn(128, generator=g) * 0.1
-    grad = torch.randn(2, 300, 128, generator=g)
+    grad = torch.randn(2, 304, 128, generator=g)
     ref = focused_linear_attention_ref(q.double(), k.double(), v.double(), scale.double(), 2)
     before = ext.set_cpu_gemm('auto')
     try:
