@@ -1,4 +1,4 @@
-"""Depthwise convs on token maps: what the layouts cost on this CPU (evidence for docs/profiles.md).
+"""Depthwise convs on token maps: what the layouts cost on this CPU (docs/logs/profiles.md).
 
 Every family except the softmax-only ones runs depthwise convs on maps that are views of
 ``(B, N, C)`` tokens, i.e. channels-last memory. This measures, at the shapes of FLatten-PVT(v2),

@@ -11,10 +11,10 @@ and the time charged to the Python functions that issued the operators.
 The measured part of the report is written between the markers ``<!-- profiles:start -->`` and
 ``<!-- profiles:end -->``; text outside them (the diagnosis) is kept when it is regenerated.
 
-    python tools/analysis/profile_backbone.py                    # docs/profiles.md (minutes)
+    python tools/analysis/profile_backbone.py                    # docs/logs/profiles.md (minutes)
     python tools/analysis/profile_backbone.py --cases LaViT-T --shape 512 --out /tmp/p.md
     python tools/analysis/profile_backbone.py --modes train --memory   # + memory at the peak
-    python tools/analysis/profile_backbone.py --from-json docs/profiles/profiles.json
+    python tools/analysis/profile_backbone.py --from-json docs/logs/profiles/profiles.json
 """
 import argparse
 import datetime
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument('--memory', action='store_true',
                    help='also record allocations: what is live at the peak, by allocating code')
     p.add_argument('--timeout', type=float, default=3600.)
-    p.add_argument('--out', default=osp.join(benchmark.REPO_ROOT, 'docs', 'profiles.md'))
+    p.add_argument('--out', default=osp.join(benchmark.REPO_ROOT, 'docs', 'logs', 'profiles.md'))
     p.add_argument('--json', help='raw results (default: <out without .md>/profiles.json)')
     p.add_argument('--from-json', help='render an earlier run, profile nothing')
     args = p.parse_args(argv)

@@ -57,7 +57,7 @@ class _QueryGridConv(torch.autograd.Function):
 
     Why by hand: ``nn.Conv2d`` needs the keys as batch (a full permuted copy of the map) and
     oneDNN pads the 1-5 head channels to its channel block (≈ 8× the map, measured in
-    docs/profiles.md); the slices here are views, and backward writes each input element once
+    docs/logs/profiles.md); the slices here are views, and backward writes each input element once
     (``k == s``) without saving anything but the input.
     """
 

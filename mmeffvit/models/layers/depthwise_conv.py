@@ -7,7 +7,7 @@ copies back; with channels-last weight strides it runs the vectorised NHWC kerne
 returns a map whose token view is contiguous. For kernels of 5 and more oneDNN's weight gradient
 is also slow on a CPU; it is computed here by mmeffvit's compiled operator (one pass over the
 token maps, read in place), or without it as one grouped conv. Measurements:
-``docs/profiles.md`` (causes 1 and 2) and ``tools/analysis/depthwise_conv_check.py``.
+``docs/logs/profiles.md`` (causes 1 and 2) and ``tools/analysis/depthwise_conv_check.py``.
 """
 import torch
 import torch.nn as nn
@@ -162,7 +162,7 @@ class DepthwiseConv2d(nn.Conv2d):
         inference (nothing needs a gradient, no hooks) where mmeffvit's linears run oneDNN
         (AVX-512 CPUs). There the fused pass wrote PVT v2's stage-1 hidden map (200 × 334 × 512)
         in 49 ms against 44 + 43 for the conv and torch's GELU apart (Zen 5, 2 threads); on an
-        AVX2 Zen 3 the fused conv was the slower one (docs/profiles.md, fourteenth round)."""
+        AVX2 Zen 3 the fused conv was the slower one (docs/logs/profiles.md, fourteenth round)."""
         return (LINEAR_KERNEL == 'onednn' and _ONEDNN_CONV_POINTWISE
                 and onednn_applies(x, self.weight) and x.dim() in (3, 4)
                 and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))

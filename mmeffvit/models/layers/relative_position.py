@@ -475,7 +475,7 @@ class WindowMSA(nn.Module):
         Through ``F.scaled_dot_product_attention``: its fused CPU/GPU kernels never store the
         probabilities for backward. In CPU inference without dropout through
         :func:`mmeffvit.ops.window_attention` (one compiled pass per window and head; stage 3
-        of FLatten-Swin-T at 800×1333: see ``docs/profiles.md``, fourteenth round).
+        of FLatten-Swin-T at 800×1333: see ``docs/logs/profiles.md``, fourteenth round).
         """
         bw, h, n, _ = q.shape
         images = 1 if mask is None else bw // mask.shape[0]
