@@ -1,25 +1,20 @@
 """Lazy loading of the compiled operators ``mmeffvit._ext`` and the choice of code path.
 
-``MMEFFVIT_OPS`` forces the path: ``0`` always uses the pure-PyTorch references, ``1`` requires
-the compiled operators (an error if they are not built or cannot run on the tensor's device);
-unset, the compiled CPU operators are used when they are importable, with a one-time info log
-otherwise. The CUDA kernels compile (CI builds them) but have not yet run on a GPU, so unset
+The choice follows :func:`mmeffvit.ops.policy.policy` (``MMEFFVIT_OPS``): the references only,
+the compiled operators required (an error if they are not built or cannot run on the tensor's
+device), or, unset, the compiled CPU operators when they are importable, with a one-time info
+log otherwise. The CUDA kernels compile (CI builds them) but have not yet run on a GPU, so unset
 means the reference on CUDA tensors until they are verified; ``MMEFFVIT_OPS=1`` opts in.
 """
 import importlib
 import logging
-import os
+
+from .policy import apply_to_extension, policy
 
 _UNSET = object()
 _ext = _UNSET
 _error = None
 _logged = False
-
-
-# MMEFFVIT_LINEAR_KERNEL (mmeffvit.models.layers.linear) also picks the GEMM of the compiled CPU
-# kernels' block products: oneDNN's brgemm or the BLAS library (the default follows the same
-# AVX-512 rule in C++)
-_CPU_GEMM_OF_LINEAR_KERNEL = {'onednn': 'brgemm', 'aten': 'blas'}
 
 
 def load_ext():
@@ -30,19 +25,17 @@ def load_ext():
             _ext = importlib.import_module('mmeffvit._ext')
         except ImportError as err:  # not built (or built for another torch)
             _ext, _error = None, err
-        else:
-            forced = os.environ.get('MMEFFVIT_LINEAR_KERNEL', '')
-            if forced in _CPU_GEMM_OF_LINEAR_KERNEL and hasattr(_ext, 'set_cpu_gemm'):
-                _ext.set_cpu_gemm(_CPU_GEMM_OF_LINEAR_KERNEL[forced])
+        else:  # the kernels' block products on the policy's GEMM
+            apply_to_extension(_ext)
     return _ext
 
 
+_MODE_NAMES = {'reference': '0', 'kernels': '1', 'auto': 'auto'}
+
+
 def ops_mode():
-    """``'0'``, ``'1'`` or ``'auto'`` from ``MMEFFVIT_OPS`` (read at every call: tests flip it)."""
-    mode = os.environ.get('MMEFFVIT_OPS', 'auto').strip().lower()
-    if mode not in ('0', '1', 'auto', ''):
-        raise ValueError(f"MMEFFVIT_OPS must be 0, 1 or unset, got {mode!r}")
-    return mode or 'auto'
+    """``'0'``, ``'1'`` or ``'auto'``: the policy's mode as ``MMEFFVIT_OPS`` spells it."""
+    return _MODE_NAMES[policy().mode]
 
 
 def _log_fallback(reason):

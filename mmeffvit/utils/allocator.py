@@ -19,8 +19,9 @@ on everywhere, ``MMEFFVIT_MALLOC=system`` off everywhere.
 """
 import ctypes
 import ctypes.util
-import os
 import sys
+
+from ..ops.policy import policy
 
 ENV = 'MMEFFVIT_MALLOC'
 _M_TRIM_THRESHOLD = -1  # malloc.h: bytes of free heap top kept before trimming
@@ -41,10 +42,8 @@ def retain_freed_memory(default: bool = True) -> bool:
     global _applied
     if _applied:
         return True
-    choice = os.environ.get(ENV, '').lower()
-    if choice not in ('', 'retain', 'system'):
-        raise ValueError(f"{ENV}={choice!r}: expected 'retain' or 'system'")
-    wanted = choice == 'retain' or (default and choice == '')
+    choice = policy().malloc  # MMEFFVIT_MALLOC
+    wanted = choice == 'retain' or (default and choice == 'default')
     if not wanted or not sys.platform.startswith('linux'):
         return False
     try:

@@ -49,6 +49,13 @@ for _path in (TOOL_DIR, REPO_ROOT):
         sys.path.insert(0, _path)
 
 from mmeffvit.analysis import benchmark_report as report  # noqa: E402
+from mmeffvit.ops.policy import policy  # noqa: E402
+
+
+def malloc_setting():
+    """``MMEFFVIT_MALLOC`` as the report shows it (empty when unset)."""
+    return '' if policy().malloc == 'default' else policy().malloc
+
 
 # name: (scope, backbone config, softmax peer); the arguments are those of the detection config
 # named in the comment (init_cfg left out: random weights)
@@ -447,7 +454,7 @@ def measure(args, argv):
                              sweep_warmup=args.sweep_warmup, reps=args.reps,
                              isolate=args.isolate, batch=args.batch, configs=args.config,
                              mem_limit_gib=args.mem_limit_gib,
-                             malloc_env=os.environ.get('MMEFFVIT_MALLOC', '')),
+                             malloc_env=malloc_setting()),
                 machine=host_info(), main_shape=list(args.shape),
                 shapes=[list(s) for s in args.shapes],
                 cases=[dict(name=n, scope=CASES[n][0], cfg=CASES[n][1], peer=CASES[n][2],

@@ -29,19 +29,17 @@ The fused path runs only where it applies: CPU, float32, no autocast, tracing, c
 functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
 operators).
 """
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ...ops.policy import ONEDNN_LINEAR as _ONEDNN_LINEAR
+from ...ops.policy import choose_cpu_gemm, policy
 from ...utils.tensor import split_heads
 from .norm import LayerNormFP32
 
-_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                                   '_linear_pointwise')
 LINEAR_KERNELS = ('onednn', 'aten')
 
 
@@ -53,13 +51,10 @@ def choose_linear_kernel(capability=None, override=None) -> str:
     AVX2-only one: on Zen 3 (2 threads, 800×1333, in-process A/B, min of 3-4) inference took
     FLatten-Swin-T 1.90 s with oneDNN against 1.60 s with MKL, FLatten-PVT-T 0.81 / 0.74,
     Focal-T 2.50 / 2.31, L2ViT-T 2.19 / 2.10. ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
-    override = os.environ.get('MMEFFVIT_LINEAR_KERNEL', '') if override is None else override
-    if override and override not in LINEAR_KERNELS:
-        raise ValueError(f'MMEFFVIT_LINEAR_KERNEL={override!r}: expected one of {LINEAR_KERNELS}')
-    if not override:
-        capability = capability or torch.backends.cpu.get_cpu_capability()
-        override = 'onednn' if capability.startswith('AVX512') else 'aten'
-    return override if _ONEDNN_LINEAR else 'aten'  # a torch without the kernel has one choice
+    current = policy()  # MMEFFVIT_LINEAR_KERNEL and the ISA, read in mmeffvit.ops.policy
+    if override is None:
+        override = current.cpu_gemm if current.cpu_gemm_forced else ''
+    return choose_cpu_gemm(capability or current.cpu_capability, override)
 
 
 LINEAR_KERNEL = choose_linear_kernel()

@@ -1,0 +1,166 @@
+"""Which code path mmeffvit's operators take: the one reader of the kernel switches.
+
+Every choice of kernel is made from the record :func:`policy` returns, and this module is the
+only Python code that reads the kernel-related environment variables and the CPU's instruction
+set:
+
+* ``MMEFFVIT_OPS``: ``0`` the pure-PyTorch references everywhere; ``1`` the compiled operators
+  required (an error where they are not built or have no kernel for the device); unset
+  (``auto``): the compiled CPU operators where built, the references on CUDA tensors until the
+  CUDA kernels are verified on a GPU.
+* ``MMEFFVIT_LINEAR_KERNEL``: ``onednn`` or ``aten`` forces the GEMM behind the CPU linears and
+  the compiled kernels' block products; unset, oneDNN where ATen reports an AVX-512 CPU (its
+  fp32 GEMM is the faster one there and the slower one on AVX2, ``docs/ops.md``).
+* ``MMEFFVIT_MALLOC``: ``retain`` keeps freed memory for reuse in training too, ``system``
+  nowhere; unset, the inference tools keep it (``mmeffvit.utils.allocator``).
+
+Checkpoint trust, launcher and debug variables are not kernel choices and are read where they
+are used. ``python -m mmeffvit.ops.policy`` prints the policy in force and why.
+
+Example:
+    >>> from mmeffvit.ops.policy import policy
+    >>> policy().mode in ('reference', 'auto', 'kernels')
+    True
+"""
+import dataclasses
+import functools
+import os
+
+import torch
+
+MODES = ('reference', 'auto', 'kernels')
+CPU_GEMMS = ('onednn', 'aten')
+MALLOC_CHOICES = ('default', 'retain', 'system')
+#: the C++ kernels' block-product GEMM that goes with each GEMM of the CPU linears
+KERNEL_GEMM_OF_CPU_GEMM = {'onednn': 'brgemm', 'aten': 'blas'}
+#: whether this torch has oneDNN's fused linear kernel (without it the CPU GEMM is ATen's)
+ONEDNN_LINEAR = (torch.backends.mkldnn.is_available()
+                 and hasattr(torch.ops.mkldnn, '_linear_pointwise'))
+_OPS_VALUES = {'0': 'reference', '': 'auto', 'auto': 'auto', '1': 'kernels'}
+_MALLOC_VALUES = {'': 'default', 'retain': 'retain', 'system': 'system'}
+_VARIABLES = ('MMEFFVIT_OPS', 'MMEFFVIT_LINEAR_KERNEL', 'MMEFFVIT_MALLOC')
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPolicy:
+    """The choice every kernel decision follows.
+
+    Attributes:
+        mode (str): ``'reference'`` (PyTorch references only), ``'auto'`` (compiled kernels
+            where built and verified for the device) or ``'kernels'`` (compiled kernels
+            required).
+        cpu_gemm (str): The GEMM of the CPU linears: ``'onednn'`` (``mkldnn::_linear_pointwise``,
+            and oneDNN's brgemm for the compiled kernels' block products) or ``'aten'``
+            (``F.linear``, the BLAS torch links).
+        cpu_gemm_forced (bool): Whether ``MMEFFVIT_LINEAR_KERNEL`` chose it (else the ISA did).
+        malloc (str): ``'default'``, ``'retain'`` or ``'system'`` (``MMEFFVIT_MALLOC``).
+        cpu_capability (str): ATen's CPU capability (``'AVX512'``, ``'AVX2'``, ...).
+    """
+    mode: str
+    cpu_gemm: str
+    cpu_gemm_forced: bool
+    malloc: str
+    cpu_capability: str
+
+    @property
+    def reference(self) -> bool:
+        """Whether every operator runs its PyTorch reference."""
+        return self.mode == 'reference'
+
+    @property
+    def cuda_kernels(self) -> bool:
+        """Whether the compiled kernels may run on CUDA tensors (only when required: they are
+        compiled in CI but not yet verified on a GPU)."""
+        return self.mode == 'kernels'
+
+    @property
+    def kernel_gemm(self) -> str:
+        """The compiled kernels' block-product GEMM (``_ext.set_cpu_gemm``): the one that goes
+        with a forced ``cpu_gemm``, else ``'auto'`` (the same AVX-512 rule, in C++)."""
+        return KERNEL_GEMM_OF_CPU_GEMM[self.cpu_gemm] if self.cpu_gemm_forced else 'auto'
+
+    def ops_for(self, device_type: str) -> str:
+        """``'reference'`` or ``'compiled'``: what the operators run on tensors of a device
+        type (``'compiled'`` where ``mmeffvit._ext`` is built and has the device's kernels)."""
+        if self.reference or (device_type == 'cuda' and not self.cuda_kernels):
+            return 'reference'
+        return 'compiled' if device_type in ('cpu', 'cuda') else 'reference'
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_capability() -> str:
+    """ATen's CPU capability, read once (``'AVX512'``, ``'AVX2'``, ``'DEFAULT'``, ...)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def choose_cpu_gemm(capability, override=''):
+    """``'onednn'`` on an AVX-512 CPU, ``'aten'`` elsewhere or where this torch has no oneDNN
+    linear kernel; ``override`` (``MMEFFVIT_LINEAR_KERNEL``) wins where it can run."""
+    if override and override not in CPU_GEMMS:
+        raise ValueError(f'MMEFFVIT_LINEAR_KERNEL={override!r}: expected one of {CPU_GEMMS}')
+    choice = override or ('onednn' if capability.startswith('AVX512') else 'aten')
+    return choice if ONEDNN_LINEAR else 'aten'  # a torch without the kernel has one choice
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(ops, linear_kernel, malloc):
+    if ops not in _OPS_VALUES:
+        raise ValueError(f'MMEFFVIT_OPS must be 0, 1 or unset, got {ops!r}')
+    if malloc not in _MALLOC_VALUES:
+        raise ValueError(f"MMEFFVIT_MALLOC={malloc!r}: expected 'retain' or 'system'")
+    capability = cpu_capability()
+    return KernelPolicy(mode=_OPS_VALUES[ops],
+                        cpu_gemm=choose_cpu_gemm(capability, linear_kernel),
+                        cpu_gemm_forced=bool(linear_kernel), malloc=_MALLOC_VALUES[malloc],
+                        cpu_capability=capability)
+
+
+def policy() -> KernelPolicy:
+    """The policy in force, from the environment (parsed once per distinct setting)."""
+    return _parse(os.environ.get('MMEFFVIT_OPS', '').strip().lower(),
+                  os.environ.get('MMEFFVIT_LINEAR_KERNEL', '').strip(),
+                  os.environ.get('MMEFFVIT_MALLOC', '').strip().lower())
+
+
+def apply_to_extension(ext, current=None):
+    """Hand the policy's block-product GEMM to the compiled kernels (``ext.set_cpu_gemm``);
+    returns the previous C++ setting, or None where the extension has no such switch."""
+    if ext is None or not hasattr(ext, 'set_cpu_gemm'):
+        return None
+    return ext.set_cpu_gemm((current or policy()).kernel_gemm)
+
+
+def describe(current=None) -> str:
+    """The policy, what was detected and why, as printed by ``python -m mmeffvit.ops.policy``."""
+    p = current or policy()
+    raw = {name: os.environ.get(name, '') for name in _VARIABLES}
+    shown = {name: f'{name}={value}' if value else f'{name} unset' for name, value in raw.items()}
+    from ..ext_loader import load_ext  # imported here: ext_loader reads this module
+    ext = load_ext()
+    built = 'not built' if ext is None else (
+        'built, with CUDA kernels' if ext.compiled_with_cuda() else 'built, CPU kernels only')
+    ops_why = {'reference': 'the PyTorch references everywhere',
+               'auto': 'compiled CPU kernels where built; references on CUDA tensors (the CUDA '
+                       'kernels are not yet verified on a GPU)',
+               'kernels': 'compiled kernels required on CPU and CUDA tensors'}[p.mode]
+    gemm_why = (shown['MMEFFVIT_LINEAR_KERNEL'] if p.cpu_gemm_forced
+                else f"ATen reports {p.cpu_capability}: oneDNN's fp32 GEMM on AVX-512, "
+                     "ATen's BLAS elsewhere")
+    if not ONEDNN_LINEAR:
+        gemm_why += "; this torch has no oneDNN linear kernel"
+    malloc_why = {'default': 'freed memory kept for reuse by the inference tools, glibc\'s '
+                             'defaults in training',
+                  'retain': 'freed memory kept for reuse in training and inference',
+                  'system': "glibc's defaults everywhere"}[p.malloc]
+    rows = [('operators', p.mode, f"{shown['MMEFFVIT_OPS']}: {ops_why}"),
+            ('  on cpu', p.ops_for('cpu'), ''),
+            ('  on cuda', p.ops_for('cuda'), ''),
+            ('extension', 'mmeffvit._ext', built),
+            ('CPU GEMM', p.cpu_gemm, gemm_why),
+            ("kernels' GEMM", p.kernel_gemm,
+             "the compiled kernels' block products" + (
+                 '' if p.cpu_gemm_forced else ': brgemm on AVX-512, BLAS elsewhere (in C++)')),
+            ('allocator', p.malloc, f"{shown['MMEFFVIT_MALLOC']}: {malloc_why}")]
+    lines = [f'mmeffvit kernel policy: {p}']
+    lines += [f'  {name:<14} {value:<10} {why}'.rstrip() for name, value, why in rows]
+    return '\n'.join(lines)
