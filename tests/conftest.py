@@ -1,5 +1,8 @@
 """Shared pytest behaviour: tests marked ``slow`` run only when selected with ``-m slow``; the
-end-to-end runs trained once per session for every module that needs a real checkpoint."""
+end-to-end runs trained once per session for every module that needs a real checkpoint; the
+kernel switch of the tests that compare code paths."""
+import contextlib
+
 import pytest
 
 from e2e_runs import DET_CFG, SEG_CFG, det_options, seg_options, train_run
@@ -40,3 +43,33 @@ def seg_run(e2e_shapes, tmp_path_factory):
     out = train_run(SEG_CFG, work, seg_options(e2e_shapes, 2))
     assert 'decode.loss_ce' in out and 'Iter(train) [2/2]' in out
     return str(work)
+
+
+class KernelSwitch:
+    """Changes the kernel policy for the rest of a test, as ``MMEFFVIT_OPS`` /
+    ``MMEFFVIT_LINEAR_KERNEL`` would for a process: ``switch()`` (compiled kernels required),
+    ``switch(required=False, cpu_gemm='onednn')``, ``switch.reference()``. Each call nests in
+    the ones before; all are undone, innermost first, when the test ends."""
+
+    def __init__(self):
+        self._blocks = contextlib.ExitStack()
+
+    def __call__(self, required=True, cpu_gemm=None):
+        from mmeffvit import ops
+        self._blocks.enter_context(ops.use_kernels(required=required, cpu_gemm=cpu_gemm))
+
+    def reference(self):
+        from mmeffvit import ops
+        self._blocks.enter_context(ops.use_reference())
+
+    def close(self):
+        self._blocks.close()
+
+
+@pytest.fixture
+def switch_kernels():
+    """A :class:`KernelSwitch` for the test (``mmeffvit.ops.use_kernels`` / ``use_reference``
+    blocks, closed after it)."""
+    switch = KernelSwitch()
+    yield switch
+    switch.close()

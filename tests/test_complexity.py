@@ -1,6 +1,5 @@
 """GMACs and parameters: official FLatten counts, every attention product, get_flops."""
 import importlib.util
-import os
 import os.path as osp
 
 import pytest
@@ -11,6 +10,7 @@ from mmengine.config import Config
 
 import mmeffvit  # noqa: F401
 from mmeffvit.models import FocusedLinearAttention, SpatialReductionAttention
+from mmeffvit.ops.policy import policy
 from mmeffvit.analysis import (analyze, backbone_complexity, build_classifier,
                                config_complexity)
 from mmeffvit.analysis.models import cached_backbone_complexity
@@ -73,13 +73,13 @@ def test_official_classifier_counts(backbone, arch):
 
 @pytest.mark.parametrize('use_reference_ops', [True, False])
 @pytest.mark.parametrize('sr_ratio', [1, 2])
-def test_focused_linear_attention_counts_every_product(monkeypatch, use_reference_ops, sr_ratio):
+def test_focused_linear_attention_counts_every_product(use_reference_ops, sr_ratio):
     """Linears, q·mean(k), KᵀV, Q(KᵀV), the DWC and the reduction conv, analytically.
 
     The PyTorch reference spells the products out; the compiled operator (run when it is built)
     is a ``prim::PythonOp`` counted by its own handle: both must give the same number.
     """
-    monkeypatch.delenv('MMEFFVIT_OPS', raising=False)
+    before = policy()
     c, h, hw, ks = 64, 2, (6, 8), 5
     d, n = c // h, hw[0] * hw[1]
     n_kv = (hw[0] // sr_ratio) * (hw[1] // sr_ratio)
@@ -95,7 +95,7 @@ def test_focused_linear_attention_counts_every_product(monkeypatch, use_referenc
     assert report.unsupported_ops == {}
     compiled = 'linear_attention' in report.by_operator
     assert compiled == (not use_reference_ops and _compiled_ops_built())
-    assert os.environ.get('MMEFFVIT_OPS') is None  # the switch does not leak
+    assert policy() is before  # the switch does not leak
 
 
 def _compiled_ops_built():

@@ -25,13 +25,13 @@ def _reference(conv, x_map, repeats=1):
 @pytest.mark.parametrize('batch', [1, 2])
 @pytest.mark.parametrize('ops', ['compiled', 'reference'])
 def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, batch, ops,
-                                                   monkeypatch):
+                                                   monkeypatch, switch_kernels):
     # mmeffvit's weight gradient is exercised on every case, small ones included
     monkeypatch.setattr(depthwise_conv, 'CUSTOM_WEIGHT_GRAD_MIN_KERNEL', 1)
     monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
     if ops == 'compiled' and load_ext() is None:
         pytest.skip('mmeffvit._ext not built')
-    monkeypatch.setenv('MMEFFVIT_OPS', '1' if ops == 'compiled' else '0')
+    switch_kernels() if ops == 'compiled' else switch_kernels.reference()
     torch.manual_seed(0)
     conv = DepthwiseConv2d(channels, kernel).double()
     h, w = 9, 13
@@ -51,11 +51,11 @@ def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, ba
 
 
 @pytest.mark.parametrize('ops', ['compiled', 'reference'])
-def test_gradcheck_custom_weight_gradient(monkeypatch, ops):
+def test_gradcheck_custom_weight_gradient(monkeypatch, switch_kernels, ops):
     monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
     if ops == 'compiled' and load_ext() is None:
         pytest.skip('mmeffvit._ext not built')
-    monkeypatch.setenv('MMEFFVIT_OPS', '1' if ops == 'compiled' else '0')
+    switch_kernels() if ops == 'compiled' else switch_kernels.reference()
     conv = DepthwiseConv2d(3, 5).double()
     x = torch.randn(2, 3, 6, 7, dtype=torch.float64, requires_grad=True)
     assert conv._use_custom_weight_grad(x, conv.weight)
@@ -146,8 +146,8 @@ def _weight_grad_by_autograd(x, grad_out, kernel_size, padding):
     (1, 12, (3, 4), (5, 5), (2, 2)),      # kernel larger than the map
 ])
 def test_compiled_weight_grad_matches_autograd_on_token_views(dtype, batch, channels, hw,
-                                                             kernel, padding, monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+                                                              kernel, padding, switch_kernels):
+    switch_kernels()
     torch.manual_seed(0)
     h, w = hw
     # x is the v slice of a fused (B, H*W, 3C) projection: token stride 3C, read in place

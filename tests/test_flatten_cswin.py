@@ -169,7 +169,7 @@ def test_gradient_checkpointing_gives_the_same_result():
 
 @pytest.mark.parametrize('idx', [0, 1, -1])
 @pytest.mark.parametrize('hw', [(20, 23), (14, 14), (5, 9)])
-def test_inference_stripes_on_onednn_attend_real_tokens_only(monkeypatch, idx, hw):
+def test_inference_stripes_on_onednn_attend_real_tokens_only(monkeypatch, switch_kernels, idx, hw):
     """CPU fp32 inference with oneDNN's linears (forced): stripes attend by oneDNN row blocks,
     the padded last stripe of each image on its real tokens (no mask, no flash kernel), equal to
     the unpadded stripe-by-stripe reference."""
@@ -178,7 +178,7 @@ def test_inference_stripes_on_onednn_attend_real_tokens_only(monkeypatch, idx, h
     from mmeffvit.models.layers import linear
     if not linear._ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
-    monkeypatch.setattr(linear, 'LINEAR_KERNEL', 'onednn')
+    switch_kernels(required=False, cpu_gemm='onednn')
     torch.manual_seed(0)
     attn = LePEAttention(32, 2, split_size=7, idx=idx)
     q, k, v = (torch.randn(2, hw[0] * hw[1], 32) for _ in range(3))

@@ -169,13 +169,13 @@ def _run(attn, x, grad, retain=False):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('batch,with_pe', [(1, True), (2, True), (2, False)])
 def test_fused_qkv_training_path_matches_the_pytorch_reference(dtype, batch, with_pe,
-                                                              monkeypatch):
+                                                               monkeypatch, switch_kernels):
     attn, x = _fused_case(dtype, batch, with_pe)
     grad = torch.randn(batch, 42, 24, dtype=dtype)
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')  # the reference: PyTorch FLA, torch's conv
+    switch_kernels.reference()  # the reference: PyTorch FLA, torch's conv
     assert not attn._qkv_training_fused(x)
     ref_out, ref_grads = _run(attn, x, grad)
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    switch_kernels()
     assert attn._qkv_training_fused(x) == (dtype == torch.float32)  # oneDNN's path: fp32 only
     calls = []
     original = fla_module._QKVFocusedAttention.apply
@@ -191,8 +191,8 @@ def test_fused_qkv_training_path_matches_the_pytorch_reference(dtype, batch, wit
 
 
 @pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
-def test_fused_qkv_path_keeps_its_saved_projection_when_the_graph_is_retained(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+def test_fused_qkv_path_keeps_its_saved_projection_when_the_graph_is_retained(switch_kernels):
+    switch_kernels()
     attn, x = _fused_case(torch.float32, 1, True)
     grad = torch.randn(1, 42, 24)
     out, first = _run(attn, x, grad, retain=True)
@@ -204,15 +204,16 @@ def test_fused_qkv_path_keeps_its_saved_projection_when_the_graph_is_retained(mo
 @pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
 @pytest.mark.parametrize('batch,with_pe', [(1, True), (2, True), (2, False)])
 def test_fused_qkv_inference_path_matches_the_reference_and_the_naive_form(batch, with_pe,
-                                                                          monkeypatch):
+                                                                           monkeypatch,
+                                                                           switch_kernels):
     attn, x = _fused_case(torch.float32, batch, with_pe)
     x = x.detach()
     attn.eval()
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')  # the reference: PyTorch FLA, torch's conv
+    switch_kernels.reference()  # the reference: PyTorch FLA, torch's conv
     with torch.no_grad():
         assert not attn._qkv_inference_fused(x)
         ref = attn(x, (6, 7))
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+    switch_kernels()
     calls = []
     original = attn._attend_qkv_inference
     monkeypatch.setattr(attn, '_attend_qkv_inference',
@@ -227,8 +228,8 @@ def test_fused_qkv_inference_path_matches_the_reference_and_the_naive_form(batch
 
 
 @pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
-def test_fused_qkv_inference_path_is_not_taken_with_grad_or_hooks(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+def test_fused_qkv_inference_path_is_not_taken_with_grad_or_hooks(monkeypatch, switch_kernels):
+    switch_kernels()
     attn, x = _fused_case(torch.float32, 1, True)
     attn.eval()
     assert not attn._qkv_inference_fused(x)  # x needs a gradient

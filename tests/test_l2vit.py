@@ -94,10 +94,10 @@ def naive_clamped_attention(q, k, v, temperature, floor):
     return (attn @ v) * temperature / den
 
 
-@pytest.mark.parametrize('ops_mode', ['0', ''])  # PyTorch reference / compiled when built
+@pytest.mark.parametrize('ops_mode', ['reference', 'auto'])  # compiled when built
 @pytest.mark.parametrize('scale', [0.1, 5.0])  # clamp active / inactive for most rows
-def test_clamped_linear_attention_equals_naive_form(scale, ops_mode, monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', ops_mode)
+def test_clamped_linear_attention_equals_naive_form(scale, ops_mode, switch_kernels):
+    switch_kernels.reference() if ops_mode == 'reference' else switch_kernels(required=False)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 37, 8, dtype=torch.float64) * scale for _ in range(3))
     temp = (torch.rand(3, 1, 1, dtype=torch.float64) + 0.2).requires_grad_()

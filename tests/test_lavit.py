@@ -430,7 +430,7 @@ def test_attention_saturation_tool_reads_every_layer_map():
 
 
 @pytest.mark.parametrize('la_mode', ['window', 'dense'])
-def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, la_mode):
+def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, switch_kernels, la_mode):
     """CPU fp32 inference with oneDNN's linears (forced): the VA layers attend by oneDNN row
     blocks (no flash kernel runs), outputs equal to torch's SDPA path."""
     from torch.profiler import profile
@@ -438,7 +438,7 @@ def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, la_mo
     from mmeffvit.models.layers import less_attention, linear
     if not linear._ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
-    monkeypatch.setattr(linear, 'LINEAR_KERNEL', 'onednn')
+    switch_kernels(required=False, cpu_gemm='onednn')
     torch.manual_seed(0)
     model = LaViT('tiny', la_mode=la_mode).eval()
     _randomise_ar(model)

@@ -26,12 +26,12 @@ def _pair(dims=48, hidden=192):
 
 
 @pytest.fixture
-def onednn_kernel(monkeypatch):
+def onednn_kernel(monkeypatch, switch_kernels):
     """The fused path on oneDNN's kernel, whichever this CPU would choose (see
     ``choose_linear_kernel``)."""
     if not linear_module._ONEDNN_LINEAR:
         pytest.skip('torch without oneDNN linear')
-    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', 'onednn')
+    switch_kernels(required=False, cpu_gemm='onednn')
 
 
 needs_onednn = pytest.mark.usefixtures('onednn_kernel')
@@ -276,7 +276,7 @@ def _conv_mlp_inference(seed, hidden):
 
 @pytest.mark.parametrize('kernel', ['onednn', 'aten'])
 def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_onednn(
-        monkeypatch, kernel):
+        monkeypatch, switch_kernels, kernel):
     """CPU inference with oneDNN's linears (the AVX-512 rule, forced here): the depthwise conv
     and GELU are one oneDNN call; with MKL's linears (AVX2) the two stay apart. Either way the
     output equals the modules composed by hand; training never takes the fused call."""
@@ -284,7 +284,7 @@ def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_on
     if kernel == 'onednn' and not (depthwise_conv._ONEDNN_CONV_POINTWISE
                                    and linear_module._ONEDNN_LINEAR):
         pytest.skip('this torch has no oneDNN pointwise kernels')
-    monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', kernel)
+    switch_kernels(required=False, cpu_gemm=kernel)
     mlp, x, ops, out, expected = _conv_mlp_inference(seed=6, hidden=64)
     with torch.no_grad():
         conv = mlp.dwconv.dwconv  # the map layout too, against torch's conv
@@ -460,10 +460,10 @@ def test_unknown_linear_kernel_override_is_an_error():
         linear_module.choose_linear_kernel('AVX2', 'mkl')
 
 
-def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch):
+def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch, switch_kernels):
     """Where oneDNN is the slower kernel (AVX2), the fused path runs ``F.linear`` and GELU in
     place, forward and backward, with the same results."""
-    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', 'aten')
+    switch_kernels(required=False, cpu_gemm='aten')
     ours, reference = _pair()
     x = torch.randn(2, 37, 48) * 3
     with torch.no_grad():
@@ -505,8 +505,9 @@ def test_onednn_attention_equals_softmax_attention_by_row_blocks():
 
 
 @pytest.mark.parametrize('kernel', ['onednn', 'aten'])
-def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(monkeypatch, kernel):
-    monkeypatch.setattr(linear_module, 'LINEAR_KERNEL', kernel)
+def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(switch_kernels,
+                                                                            kernel):
+    switch_kernels(required=False, cpu_gemm=kernel)
     q, k = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 6, 4)
     with torch.no_grad():
         assert linear_module.onednn_attention_applies(q, k, k) == (
@@ -516,7 +517,8 @@ def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(monk
     assert not linear_module.onednn_attention_applies(q.requires_grad_(), k, k)
 
 
-def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(monkeypatch):
+def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(monkeypatch,
+                                                                                switch_kernels):
     """Where the conv and GELU are fused (oneDNN's linears, forced here), a 3×3 conv on a map of
     at least COMPILED_CONV3X3_GELU_MIN_ELEMENTS runs mmeffvit's compiled pass instead of oneDNN's
     conv (lowered to 0 here); the output equals the modules composed by hand."""
@@ -524,7 +526,7 @@ def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(
     from mmeffvit.models.layers import depthwise_conv
     if ops.load_ext() is None or not linear_module._ONEDNN_LINEAR:
         pytest.skip('needs mmeffvit._ext and oneDNN linears')
-    monkeypatch.setattr(depthwise_conv, 'LINEAR_KERNEL', 'onednn')
+    switch_kernels(required=False, cpu_gemm='onednn')
     monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
     calls = []
     compiled = depthwise_conv.depthwise_conv3x3_gelu

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from mmeffvit import ops
 from mmeffvit.models import FLattenPVT
+from mmeffvit.ops.policy import ONEDNN_LINEAR, from_environment
 from mmeffvit.ops import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref, focus_feature_map,
                           focus_feature_map_ref, focused_linear_attention,
                           focused_linear_attention_ref, linear_attention, linear_attention_ref)
@@ -16,17 +17,18 @@ needs_cuda = pytest.mark.skipif(
 
 
 @pytest.fixture
-def ops_on(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+def ops_on(monkeypatch, switch_kernels):
+    switch_kernels()
 
 
 @pytest.fixture(params=['brgemm', 'blas'])
 def cpu_gemm(request):
-    """Runs a test with the CPU kernels' fp32 block products on each GEMM (restored after)."""
-    ext = ops.load_ext()
-    before = ext.set_cpu_gemm(request.param)
-    yield request.param
-    ext.set_cpu_gemm(before)
+    """Runs a test on the compiled kernels with their fp32 block products on each GEMM: the
+    policy's (``use_kernels(cpu_gemm=...)``: oneDNN's linears go with brgemm, ATen's with BLAS)."""
+    if request.param == 'brgemm' and not ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    with ops.use_kernels(cpu_gemm={'brgemm': 'onednn', 'blas': 'aten'}[request.param]):
+        yield request.param
 
 
 def naive_attention(q, k, v, normalizer='mean', eps=1e-6, tau=1.0, clamp_min=100.):
@@ -242,13 +244,13 @@ def test_compiled_entry_points_check_arguments():
             ext.focus_forward(meta, torch.zeros(8, device='meta'), 3.0, 1e-6)
 
 
-def test_ops_switch(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '2')
+def test_ops_switch(switch_kernels):
     with pytest.raises(ValueError, match='MMEFFVIT_OPS'):
-        ops.ops_mode()
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')
-    assert ops.get_ext(torch.zeros(1)) is None
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        from_environment({'MMEFFVIT_OPS': '2'})
+    switch_kernels.reference()
+    assert ops.ops_mode() == '0' and ops.get_ext(torch.zeros(1)) is None
+    switch_kernels()
+    assert ops.ops_mode() == '1'
     if ops.load_ext() is None:
         with pytest.raises(RuntimeError, match='not built'):
             ops.get_ext(torch.zeros(1))
@@ -448,7 +450,8 @@ def test_depthwise_conv3x3_gelu_large_map_with_non_temporal_stores():
                                rtol=1e-6, atol=4e-6)
 
 
-def test_depthwise_conv3x3_gelu_reference_path_where_the_pass_does_not_apply(monkeypatch):
+def test_depthwise_conv3x3_gelu_reference_path_where_the_pass_does_not_apply(monkeypatch,
+                                                                             switch_kernels):
     # small maps, gradients or MMEFFVIT_OPS=0: F.conv2d + F.gelu, differentiable
     x = torch.randn(2, 4 * 5, 8, requires_grad=True)
     weight, bias = torch.randn(8, 1, 3, 3), torch.randn(8)
@@ -458,7 +461,7 @@ def test_depthwise_conv3x3_gelu_reference_path_where_the_pass_does_not_apply(mon
     torch.testing.assert_close(out, depthwise_conv3x3_gelu_ref(x, weight, bias, (4, 5)))
     torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (4, 5)),
                                rtol=1e-6, atol=4e-6)
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+    switch_kernels.reference()
     monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
     with torch.no_grad():
         assert not ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
@@ -480,7 +483,7 @@ def test_depthwise_conv3x3_gelu_checks_arguments():
 
 # ---------------------------------------------------------------- models, ops on vs off
 @needs_ext
-def test_flatten_pvt_same_outputs_and_grads_with_ops_on_and_off(monkeypatch):
+def test_flatten_pvt_same_outputs_and_grads_with_ops_on_and_off(switch_kernels):
     torch.manual_seed(0)
     model = FLattenPVT('tiny').eval()  # eval: no stochastic depth, gradients still flow
     for name, p in model.named_parameters():  # non-trivial focusing scales
@@ -489,7 +492,7 @@ def test_flatten_pvt_same_outputs_and_grads_with_ops_on_and_off(monkeypatch):
     x = torch.rand(1, 3, 75, 99)
     results = {}
     for flag in ('0', '1'):
-        monkeypatch.setenv('MMEFFVIT_OPS', flag)
+        switch_kernels() if flag == '1' else switch_kernels.reference()
         model.zero_grad()
         outs = model(x)
         sum(o.square().mean() for o in outs).backward()
@@ -547,12 +550,12 @@ def test_cuda_gradcheck_float64(ops_on):
 
 
 @needs_cuda
-def test_cuda_model_ops_on_off(monkeypatch):
+def test_cuda_model_ops_on_off(switch_kernels):
     model = FLattenPVT('tiny').cuda().eval()
     x = torch.rand(1, 3, 96, 128, device='cuda')
     outs = {}
     for flag in ('0', '1'):
-        monkeypatch.setenv('MMEFFVIT_OPS', flag)
+        switch_kernels() if flag == '1' else switch_kernels.reference()
         with torch.no_grad():
             outs[flag] = model(x)
     for a, b in zip(outs['0'], outs['1']):

@@ -17,8 +17,8 @@ needs_ext = pytest.mark.skipif(
 
 
 @pytest.fixture
-def ops_on(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '1')
+def ops_on(monkeypatch, switch_kernels):
+    switch_kernels()
 
 
 def naive(q, k, v, mask, scale):
@@ -128,8 +128,8 @@ def test_falls_back_where_the_operator_does_not_apply():
                                naive(q, k, v, None, 8 ** -0.5))
 
 
-def test_reference_when_ops_are_off(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+def test_reference_when_ops_are_off(monkeypatch, switch_kernels):
+    switch_kernels.reference()
     q, k, v = qkv_views(2, 16, 2, 8, torch.Generator().manual_seed(5))
     assert not window_attention_applies(q, k, v)
     torch.testing.assert_close(window_attention(q, k, v).double(),
@@ -154,7 +154,7 @@ def test_compiled_entry_point_checks_arguments():
 
 @needs_ext
 @pytest.mark.parametrize('window_size', [7, None])
-def test_window_msa_inference_matches_sdpa_path(monkeypatch, window_size):
+def test_window_msa_inference_matches_sdpa_path(monkeypatch, switch_kernels, window_size):
     """WindowMSA in eval: the compiled operator against MMEFFVIT_OPS=0 (torch's attention),
     with the relative bias and a shift mask."""
     torch.manual_seed(0)
@@ -164,9 +164,9 @@ def test_window_msa_inference_matches_sdpa_path(monkeypatch, window_size):
     x = torch.randn(2 * 6, 49, 64)
     mask = torch.zeros(6, 49, 49).masked_fill(torch.rand(6, 49, 49) < 0.3, -100.)
     with torch.no_grad():
-        monkeypatch.setenv('MMEFFVIT_OPS', '0')
+        switch_kernels.reference()
         ref = attn(x, 7, mask)
-        monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        switch_kernels()
         out = attn(x, 7, mask)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -228,8 +228,8 @@ def test_gathered_matches_explicit_softmax(ops_on, nq, nk, d, bias_heads, mask_w
                                want, rtol=1e-5, atol=1e-5)
 
 
-def test_gathered_reference_when_ops_are_off(monkeypatch):
-    monkeypatch.setenv('MMEFFVIT_OPS', '0')
+def test_gathered_reference_when_ops_are_off(monkeypatch, switch_kernels):
+    switch_kernels.reference()
     case = gathered_case(1, 3, 9, 14, 2, 8, 20, torch.Generator().manual_seed(6), 2, 3)
     from mmeffvit.ops.window_attention import gathered_window_attention_applies
     assert not gathered_window_attention_applies(*case)
@@ -237,7 +237,7 @@ def test_gathered_reference_when_ops_are_off(monkeypatch):
                                gathered_naive(*case, 8 ** -0.5), rtol=1e-5, atol=1e-5)
     q, bank, index, bias, key_mask = case
     with RecordOps() as record:  # a MAC counter sees torch's attention
-        monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        switch_kernels()
         ops.gathered_window_attention(q, bank, index, bias, key_mask)
     assert any('scaled_dot_product' in name for name in record.names)
 
@@ -271,7 +271,8 @@ def test_gathered_entry_point_checks_arguments():
 @needs_ext
 @pytest.mark.parametrize('mask_borders,levels,size', [(True, 2, (61, 90)), (False, 2, (64, 96)),
                                                       (True, 3, (75, 57))])
-def test_focal_inference_matches_sdpa_path(monkeypatch, mask_borders, levels, size):
+def test_focal_inference_matches_sdpa_path(monkeypatch, switch_kernels, mask_borders, levels,
+                                           size):
     """Focal-T-like backbone in eval, float32: the gathered operator (keys read through the
     index, bias and key mask added in the kernel) against MMEFFVIT_OPS=0 (gathered keys,
     summed mask, torch's attention), borders masked (-inf) or official (-100), odd sizes."""
@@ -296,10 +297,10 @@ def test_focal_inference_matches_sdpa_path(monkeypatch, mask_borders, levels, si
                 p.normal_(std=0.5)
     x = torch.randn(2, 3, *size)
     with torch.no_grad():
-        monkeypatch.setenv('MMEFFVIT_OPS', '0')
+        switch_kernels.reference()
         ref = model(x)
         assert not calls
-        monkeypatch.setenv('MMEFFVIT_OPS', '1')
+        switch_kernels()
         out = model(x)
     assert calls and all(calls)  # every block took the compiled operator
     for a, b in zip(out, ref):

@@ -129,7 +129,7 @@ def _md_table(header, rows, align=None):
     return lines
 
 
-_GEMM_NAMES = {'onednn': 'oneDNN', 'aten': 'MKL'}  # mmeffvit.models.layers.linear.LINEAR_KERNEL
+_GEMM_NAMES = {'onednn': 'oneDNN', 'aten': 'MKL'}  # mmeffvit.ops.policy's cpu_gemm
 
 
 def _machine_lines(data):

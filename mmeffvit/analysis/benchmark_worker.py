@@ -217,8 +217,8 @@ def _gemm_kernels(a, b, out):
     (Zen 5, 2 threads, 2048²: 94 against 221 GMAC/s), so the machine's rate is the faster one."""
     kernels = {'torch.mm': lambda: torch.mm(a, b, out=out)}
     if a.device.type == 'cpu' and a.dtype == torch.float32:
-        from mmeffvit.models.layers.linear import _ONEDNN_LINEAR
-        if _ONEDNN_LINEAR:
+        from mmeffvit.ops.policy import ONEDNN_LINEAR
+        if ONEDNN_LINEAR:
             linear = torch.ops.mkldnn._linear_pointwise
             kernels['oneDNN'] = lambda: linear(a, b, None, 'none', [], '')
     return kernels
@@ -277,9 +277,9 @@ def machine_info(job, opts):
         info['mmeffvit_ops'] = 'compiled' if ops.load_ext() is not None else 'not built'
     except Exception as err:  # noqa: BLE001
         info['mmeffvit_ops'] = f'unavailable ({err})'
-    info['cpu_capability'] = torch.backends.cpu.get_cpu_capability()
-    from mmeffvit.models.layers import linear
-    info['linear_kernel'] = linear.LINEAR_KERNEL  # chosen by the ISA: runs differ by machine
+    from mmeffvit.ops.policy import policy
+    info['cpu_capability'] = policy().cpu_capability
+    info['linear_kernel'] = policy().cpu_gemm  # chosen by the ISA: runs differ by machine
     if opts['device'].startswith('cuda'):
         props = torch.cuda.get_device_properties(0)
         info['gpu'] = f'{props.name}, {props.total_memory / 2**30:.0f} GiB'

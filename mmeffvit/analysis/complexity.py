@@ -29,7 +29,6 @@ silently. Counting needs real tensors (``torch.jit`` tracing does not run on the
 import contextlib
 import dataclasses
 import math
-import os
 from collections import Counter
 
 import torch
@@ -219,19 +218,11 @@ def make_analyzer(model, inputs, count_elementwise=False):
     return analyzer.tracer_warnings('none')
 
 
-@contextlib.contextmanager
 def reference_ops(enabled=True):
-    """Run :mod:`mmeffvit.ops` on their PyTorch references inside the block (``MMEFFVIT_OPS=0``)."""
-    old = os.environ.get('MMEFFVIT_OPS')
-    if enabled:
-        os.environ['MMEFFVIT_OPS'] = '0'
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop('MMEFFVIT_OPS', None)
-        else:
-            os.environ['MMEFFVIT_OPS'] = old
+    """Run :mod:`mmeffvit.ops` on their PyTorch references inside the block
+    (:func:`mmeffvit.ops.use_reference`); ``enabled=False`` leaves the policy as it is."""
+    from mmeffvit.ops import use_reference
+    return use_reference() if enabled else contextlib.nullcontext()
 
 
 def analyze(model, inputs, count_elementwise=False, use_reference_ops=True):

@@ -3,7 +3,8 @@
 ``mmeffvit._ext`` (``csrc/``: ``common/cuda`` kernels, ``pytorch/cpu`` and ``pytorch/cuda``
 implementations, device-independent entry points and one ``pybind.cpp``) is loaded lazily; when
 it is not built every op falls back to its reference with a one-time info log.
-``MMEFFVIT_OPS=0/1`` forces the reference / the compiled path.
+Which path runs is the policy's choice (:mod:`mmeffvit.ops.policy`: ``MMEFFVIT_OPS=0/1``, and
+:func:`use_reference` / :func:`use_kernels` for a block).
 
 Ops: :func:`focus_feature_map` (FLatten's focusing function), :func:`linear_attention` (kv-first
 attention on mapped features: FLatten's mean normaliser or L²ViT's clamped sum with temperature)
@@ -21,6 +22,7 @@ from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
 from .focused_linear_attention import focused_linear_attention, focused_linear_attention_ref
 from .linear_attention import linear_attention, linear_attention_ref
+from .policy import KernelPolicy, use_kernels, use_reference
 from .window_attention import (gathered_window_attention, gathered_window_attention_ref,
                                window_attention, window_attention_ref)
 
@@ -30,5 +32,6 @@ __all__ = [
     'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
     'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
     'get_ext', 'load_ext', 'ops_mode', 'window_attention', 'window_attention_ref',
-    'gathered_window_attention', 'gathered_window_attention_ref'
+    'gathered_window_attention', 'gathered_window_attention_ref', 'KernelPolicy', 'use_kernels',
+    'use_reference'
 ]

@@ -19,7 +19,6 @@ BLAS-internal buffers are not torch allocations and are not counted in either pa
     python tools/analysis/benchmark_ops.py [--device cuda] [--dtype bfloat16] [--reps 10]
 """
 import argparse
-import os
 import statistics
 import time
 
@@ -97,15 +96,9 @@ def peak_bytes(fn, device):
 
 
 def with_ops(flag, fn):
-    old = os.environ.get('MMEFFVIT_OPS')
-    os.environ['MMEFFVIT_OPS'] = flag
-    try:
+    """``fn()`` on the compiled operators (``flag`` '1') or on the references ('0')."""
+    with ops.use_kernels() if flag == '1' else ops.use_reference():
         return fn()
-    finally:
-        if old is None:
-            os.environ.pop('MMEFFVIT_OPS')
-        else:
-            os.environ['MMEFFVIT_OPS'] = old
 
 
 def bench_stage(nb, n, c, heads, device, dtype, reps):

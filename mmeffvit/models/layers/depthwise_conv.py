@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from ...ops import depthwise_conv3x3_gelu, depthwise_conv_weight_grad
 from ...ops.depthwise_conv import compiled_conv3x3_gelu_applies, compiled_weight_grad_applies
-from .linear import LINEAR_KERNEL, _needs_grad, _without_hooks, onednn_applies
+from .linear import _needs_grad, _without_hooks, onednn_applies, onednn_gemm
 
 _ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
                           and hasattr(torch.ops.mkldnn, '_convolution_pointwise'))
@@ -163,7 +163,7 @@ class DepthwiseConv2d(nn.Conv2d):
         (AVX-512 CPUs). There the fused pass wrote PVT v2's stage-1 hidden map (200 × 334 × 512)
         in 49 ms against 44 + 43 for the conv and torch's GELU apart (Zen 5, 2 threads); on an
         AVX2 Zen 3 the fused conv was the slower one (docs/logs/profiles.md, fourteenth round)."""
-        return (LINEAR_KERNEL == 'onednn' and _ONEDNN_CONV_POINTWISE
+        return (onednn_gemm() and _ONEDNN_CONV_POINTWISE
                 and onednn_applies(x, self.weight) and x.dim() in (3, 4)
                 and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))
 

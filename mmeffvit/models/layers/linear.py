@@ -57,7 +57,9 @@ def choose_linear_kernel(capability=None, override=None) -> str:
     return choose_cpu_gemm(capability or current.cpu_capability, override)
 
 
-LINEAR_KERNEL = choose_linear_kernel()
+def onednn_gemm() -> bool:
+    """Whether the policy in force runs the CPU linears on oneDNN (else ATen's BLAS)."""
+    return policy().cpu_gemm == 'onednn'
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -80,8 +82,8 @@ def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def fused_linear(x, weight, bias, activation='none'):
     """``activation(x @ weightᵀ + bias)`` (``'none'`` or ``'gelu'``, exact erf) through
-    :data:`LINEAR_KERNEL`: one oneDNN call, or ``F.linear`` and GELU in place."""
-    if LINEAR_KERNEL == 'onednn':
+    the policy's GEMM: one oneDNN call, or ``F.linear`` and GELU in place."""
+    if onednn_gemm():
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [],
                                                   'none' if activation == 'gelu' else '')
     out = F.linear(x, weight, bias)
@@ -94,7 +96,7 @@ def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
     blocks on MKL's GEMM; on Zen 5 (2 threads) LaViT-T's global attention took 97-98 ms
     (1 head, 66 800 × 1025 keys, d 64) and 91 (2 heads, 16 700 × 1025, d 128) in SDPA against
     74-84 and 50-51 ms as oneDNN row blocks."""
-    return (LINEAR_KERNEL == 'onednn' and dropout == 0. and q.dim() == 4
+    return (onednn_gemm() and dropout == 0. and q.dim() == 4
             and all(onednn_inference(t, k) for t in (q, v)) and q.shape[-1] == k.shape[-1]
             and k.shape[-2] == v.shape[-2])
 
@@ -126,7 +128,7 @@ def onednn_attention(q, k, v, scale, out=None):
 class _OneDNNLinear(torch.autograd.Function):
     """``x @ weightᵀ + bias`` with the bias fused into oneDNN's forward GEMM; the backward is
     the one of ``addmm`` (``dx = dy·W``, ``dW = dyᵀ·x``, ``db = Σ dy``; ``dx`` through oneDNN
-    where it is :data:`LINEAR_KERNEL`, :func:`_input_grad`), with differentiable operators under
+    where it is the policy's GEMM, :func:`_input_grad`), with differentiable operators under
     double backward."""
 
     @staticmethod
@@ -159,7 +161,7 @@ def _input_grad(grad_out, weight):
     ``matmul`` is slow on these narrow outputs: at 66 800 rows (stage 1 at 800×1333, 2 threads)
     ``[N, 288]·[288, 96]`` ran at 45-61 GMAC/s against oneDNN's 80-88, ``[N, 96]·[96, 96]``
     49-64 against 65-73 (two runs); equal to float rounding (the summation order)."""
-    if (LINEAR_KERNEL == 'onednn' and not torch.is_grad_enabled()
+    if (onednn_gemm() and not torch.is_grad_enabled()
             and grad_out.is_contiguous() and onednn_applies(grad_out, weight)):
         return fused_linear(grad_out, weight.t().contiguous(), None)
     return grad_out.matmul(weight)

@@ -14,17 +14,22 @@ set:
 * ``MMEFFVIT_MALLOC``: ``retain`` keeps freed memory for reuse in training too, ``system``
   nowhere; unset, the inference tools keep it (``mmeffvit.utils.allocator``).
 
-Checkpoint trust, launcher and debug variables are not kernel choices and are read where they
-are used. ``python -m mmeffvit.ops.policy`` prints the policy in force and why.
+The environment is read once, on first use. Tests and tools change the policy for a block with
+:func:`use_reference` / :func:`use_kernels` (as timm's ``set_layer_config``), never through the
+environment. Checkpoint trust, launcher and debug variables are not kernel choices and are read
+where they are used. ``python -m mmeffvit.ops.policy`` prints the policy in force and why.
 
 Example:
-    >>> from mmeffvit.ops.policy import policy
-    >>> policy().mode in ('reference', 'auto', 'kernels')
-    True
+    >>> from mmeffvit.ops.policy import policy, use_reference
+    >>> with use_reference():
+    ...     policy().mode
+    'reference'
 """
+import contextlib
 import dataclasses
 import functools
 import os
+import threading
 
 import torch
 
@@ -102,8 +107,11 @@ def choose_cpu_gemm(capability, override=''):
     return choice if ONEDNN_LINEAR else 'aten'  # a torch without the kernel has one choice
 
 
-@functools.lru_cache(maxsize=8)
-def _parse(ops, linear_kernel, malloc):
+def from_environment(environ) -> KernelPolicy:
+    """The policy a mapping of environment variables asks for (``os.environ`` on first use)."""
+    ops = environ.get('MMEFFVIT_OPS', '').strip().lower()
+    linear_kernel = environ.get('MMEFFVIT_LINEAR_KERNEL', '').strip()
+    malloc = environ.get('MMEFFVIT_MALLOC', '').strip().lower()
     if ops not in _OPS_VALUES:
         raise ValueError(f'MMEFFVIT_OPS must be 0, 1 or unset, got {ops!r}')
     if malloc not in _MALLOC_VALUES:
@@ -115,11 +123,67 @@ def _parse(ops, linear_kernel, malloc):
                         cpu_capability=capability)
 
 
+_lock = threading.Lock()
+_environment = []  # the environment's policy, once read
+# the blocks of use_reference / use_kernels, innermost last; process-wide, not per thread:
+# autograd runs backward on its own threads, which must see the forward's choice
+_overrides = []
+
+
 def policy() -> KernelPolicy:
-    """The policy in force, from the environment (parsed once per distinct setting)."""
-    return _parse(os.environ.get('MMEFFVIT_OPS', '').strip().lower(),
-                  os.environ.get('MMEFFVIT_LINEAR_KERNEL', '').strip(),
-                  os.environ.get('MMEFFVIT_MALLOC', '').strip().lower())
+    """The policy in force: the innermost :func:`use_reference` / :func:`use_kernels` block,
+    else the environment's (read once)."""
+    if _overrides:
+        return _overrides[-1]
+    if not _environment:
+        with _lock:
+            if not _environment:
+                _environment.append(from_environment(os.environ))
+    return _environment[0]
+
+
+@contextlib.contextmanager
+def _override(new):
+    from ..ext_loader import load_ext  # imported here: ext_loader reads this module
+    ext = load_ext()
+    _overrides.append(new)
+    gemm_before = apply_to_extension(ext, new)
+    try:
+        yield new
+    finally:
+        # by identity: an equal policy deeper in the stack is another block's
+        del _overrides[max(i for i, entry in enumerate(_overrides) if entry is new)]
+        if gemm_before is not None:
+            ext.set_cpu_gemm(gemm_before)
+
+
+def use_reference():
+    """Inside the block every operator runs its PyTorch reference (as ``MMEFFVIT_OPS=0``).
+
+    Example:
+        >>> from mmeffvit.ops.policy import policy, use_reference
+        >>> with use_reference():
+        ...     policy().ops_for('cpu')
+        'reference'
+    """
+    return _override(dataclasses.replace(policy(), mode='reference'))
+
+
+def use_kernels(required=True, cpu_gemm=None):
+    """Inside the block the compiled kernels run; nestable, the previous policy and the C++
+    GEMM state restored on exit.
+
+    Args:
+        required (bool): An error where a kernel is not built or has no kernel for the device
+            (as ``MMEFFVIT_OPS=1``); False: where built, as ``auto``.
+        cpu_gemm (str, optional): ``'onednn'`` or ``'aten'``: the GEMM of the CPU linears and,
+            with it, of the kernels' block products (as ``MMEFFVIT_LINEAR_KERNEL``); default
+            unchanged.
+    """
+    changes = dict(mode='kernels' if required else 'auto')
+    if cpu_gemm is not None:
+        changes.update(cpu_gemm=choose_cpu_gemm('', cpu_gemm), cpu_gemm_forced=True)
+    return _override(dataclasses.replace(policy(), **changes))
 
 
 def apply_to_extension(ext, current=None):
