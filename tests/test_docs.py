@@ -27,7 +27,8 @@ def _readme_lines():
 def _documents():
     """Markdown documents, and the sources whose docstrings and help texts point into docs/."""
     patterns = ['README.md', 'CONTRIBUTING.md', 'docs/**/*.md', 'configs/**/*.md',
-                'mmeffvit/**/*.py', 'tools/**/*.py', 'tools/**/*.sh', 'tests/*.py']
+                'mmeffvit/**/*.py', 'mmeffvit/ops/csrc/**/*.[ch]*', 'tools/**/*.py',
+                'tools/**/*.sh', 'tests/*.py']
     for pattern in patterns:
         for path in sorted(glob.glob(osp.join(REPO, pattern), recursive=True)):
             if osp.abspath(path) != osp.abspath(__file__):  # this file names missing paths

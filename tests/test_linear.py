@@ -446,15 +446,6 @@ def test_input_gradient_runs_onednn_and_equals_torchs():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('capability, override, expected', [
-    ('AVX512', '', 'onednn'), ('AVX512_BF16', '', 'onednn'), ('AVX2', '', 'aten'),
-    ('DEFAULT', '', 'aten'), ('AVX2', 'onednn', 'onednn'), ('AVX512', 'aten', 'aten')])
-def test_linear_kernel_follows_the_cpu_and_the_override(capability, override, expected):
-    if expected == 'onednn' and not linear_module._ONEDNN_LINEAR:
-        expected = 'aten'
-    assert linear_module.choose_linear_kernel(capability, override) == expected
-
-
 def test_unknown_linear_kernel_override_is_an_error():
     with pytest.raises(ValueError, match='MMEFFVIT_LINEAR_KERNEL'):
         linear_module.choose_linear_kernel('AVX2', 'mkl')

@@ -213,8 +213,8 @@ def measure_backbone(job, opts):
 
 def _gemm_kernels(a, b, out):
     """The fp32 GEMMs a CPU step may run, by name: torch's (``torch.mm``, MKL on x86) and
-    oneDNN's linear kernel where torch has it. On an AVX-512 AMD CPU the two differ by 2.3×
-    (Zen 5, 2 threads, 2048²: 94 against 221 GMAC/s), so the machine's rate is the faster one."""
+    oneDNN's linear kernel where torch has it. They differ widely on some CPUs (``docs/ops.md``),
+    so the machine's rate is the faster one."""
     kernels = {'torch.mm': lambda: torch.mm(a, b, out=out)}
     if a.device.type == 'cpu' and a.dtype == torch.float32:
         from mmeffvit.ops.policy import ONEDNN_LINEAR

@@ -56,8 +56,8 @@ def depthwise_conv3x3_gelu_ref(x, weight, bias, hw_shape):
 
 
 #: the compiled pass is used from this many elements (B·H·W·C) of the map on: below it (maps
-#: that fit the caches, e.g. FLatten-PVTv2-B1's stage 4, 25 × 42 × 2048: 0.75 ms against
-#: oneDNN's 0.58) oneDNN's fused conv is the faster one
+#: that fit the caches, e.g. FLatten-PVTv2-B1's stage 4, 25 × 42 × 2048) oneDNN's fused conv
+#: is the faster one
 COMPILED_CONV3X3_GELU_MIN_ELEMENTS = 1 << 22
 
 
@@ -71,8 +71,8 @@ def compiled_conv3x3_gelu_applies(x):
 def depthwise_conv3x3_gelu(x, weight, bias, hw_shape):
     """``gelu(conv3x3(x) + bias)`` on ``(B, H*W, C)`` tokens, as PVT v2's ``ConvMlp`` runs its
     depthwise conv and GELU (sec. 3.3 of PVT v2): in CPU float32 inference one compiled pass
-    over the map (``mmeffvit._ext``; AVX-512: FLatten-PVTv2-B1's stage-1 map 200 × 334 × 512 in
-    9.5 ms against 16.2 for oneDNN's conv with GELU fused, 2 threads), else
+    over the map (``mmeffvit._ext``; on AVX-512 faster than oneDNN's conv with GELU fused on
+    maps larger than the caches, ``docs/ops.md``), else
     :func:`depthwise_conv3x3_gelu_ref`. Returns contiguous ``(B, H*W, C)`` tokens.
 
     Args:

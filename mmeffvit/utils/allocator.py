@@ -4,8 +4,8 @@ glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh 
 unmaps it when freed, so each large tensor of a CPU step is faulted in by the kernel page by
 page on first write. At detection resolution most activations are that large (a stage-1 map of
 800×1333 at 96 channels is 26 MB, its MLP hidden 102 MB), and the faults cost more than the
-copies themselves: an ``index_select`` into a new 214 MB tensor took 108 ms, into a reused one
-26 ms (2 threads, ``tools/analysis/benchmark.py``'s machine). torch's own CPU tuning launcher
+copies themselves (an ``index_select`` into a new tensor of that size took four times as
+long as into a reused one; ``docs/ops.md``). torch's own CPU tuning launcher
 (``torch.backends.xeon.run_cpu``) preloads jemalloc or tcmalloc for this reason; this does the
 same in-process with ``mallopt``, where no such library is installed: large blocks come from the
 heap and freed memory stays mapped for the next step. The resident size then keeps its high
@@ -13,8 +13,8 @@ water mark (what a steady training loop reaches anyway).
 
 Inference tools (``tools/test.py``, the benchmark's inference steps) call
 :func:`retain_freed_memory` at start. Training does not by default: a training step frees and
-reallocates blocks of many sizes, and the retained heap then fragments (Focal-T at 800×1333:
-peak RSS 6.6 GiB against 4.7 GiB, for a step 20 % faster). ``MMEFFVIT_MALLOC=retain`` turns it
+reallocates blocks of many sizes, and the retained heap then fragments (a faster step for a
+higher peak RSS; ``docs/ops.md``). ``MMEFFVIT_MALLOC=retain`` turns it
 on everywhere, ``MMEFFVIT_MALLOC=system`` off everywhere.
 """
 import ctypes

@@ -97,9 +97,9 @@ def tokens_to_contiguous_map(tokens, hw_shape):
     """``tokens_to_map(tokens, hw_shape).contiguous()``: a backbone's output map.
 
     In CPU inference the transpose is copied one block of tokens at a time, whose source and
-    destination stay in cache (torch copies the whole permuted view in one pass): stage 1 of an
-    800×1333 image, ``(66 800, 96)`` tokens, 13.6 → 4.9 ms; ``(66 800, 64)`` 5.9 → 3.7 ms (2
-    threads, min of 30). Elsewhere (autograd, other devices) the plain copy. Same values.
+    destination stay in cache (torch copies the whole permuted view in one pass; measured
+    faster at stage-1 sizes, ``docs/ops.md``). Elsewhere (autograd, other devices) the plain
+    copy. Same values.
     """
     view = tokens_to_map(tokens, hw_shape)
     if (tokens.device.type != 'cpu' or (torch.is_grad_enabled() and tokens.requires_grad)
@@ -127,7 +127,7 @@ def split_heads(projected, parts, num_heads):
     The same views as ``reshape(B, N, parts, h, d).permute(2, 0, 3, 1, 4)``, taken as
     ``unbind(2)`` then a transpose, so that the backward stacks the parts' gradients straight
     into the ``(B, N, parts·C)`` layout; through the permute it stacked them head-major and then
-    copied them once more into that layout (L²ViT-T training at 800×1333: 155 ms of copies).
+    copied them once more into that layout (a measurable share of an L²ViT-T training step).
     """
     b, n, _ = projected.shape
     parts_view = projected.reshape(b, n, parts, num_heads, -1)

@@ -22,12 +22,12 @@ _ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
                           and hasattr(torch.ops.mkldnn, '_convolution_pointwise'))
 
 #: smallest kernel side for which mmeffvit's weight gradient replaces oneDNN's on a CPU
-#: (compiled operator, 2 threads: k = 5 at 8-192 channels 1-7x faster, the FLatten stage-1
-#: map 200×334×96 15 ms against 70-107; 3×3 kernels about equal, slower at 8 channels)
+#: (the compiled operator is the faster one from k = 5; 3×3 kernels about equal, slower at
+#: 8 channels; ``docs/ops.md``)
 CUSTOM_WEIGHT_GRAD_MIN_KERNEL = 5
 #: without the compiled operator, the grouped-conv formulation pays only from this many
-#: channels (k = 5, 7 with 64-384 channels 1.2-2.2x faster than oneDNN at 1 thread; 3x3 kernels
-#: and 8-channel maps 1.3-4x slower)
+#: channels (k = 5, 7 with 64-384 channels faster than oneDNN; 3x3 kernels and 8-channel maps
+#: slower)
 GROUPED_WEIGHT_GRAD_MIN_CHANNELS = 64
 
 
@@ -160,9 +160,8 @@ class DepthwiseConv2d(nn.Conv2d):
     def gelu_applies(self, x):
         """Whether :meth:`forward_gelu` may fuse the conv and GELU: CPU fp32
         inference (nothing needs a gradient, no hooks) where mmeffvit's linears run oneDNN
-        (AVX-512 CPUs). There the fused pass wrote PVT v2's stage-1 hidden map (200 × 334 × 512)
-        in 49 ms against 44 + 43 for the conv and torch's GELU apart (Zen 5, 2 threads); on an
-        AVX2 Zen 3 the fused conv was the slower one (docs/logs/profiles.md, fourteenth round)."""
+        (AVX-512 CPUs), where the fused pass was measured faster than the conv and GELU apart;
+        on AVX2 it was the slower one (``docs/ops.md``)."""
         return (onednn_gemm() and _ONEDNN_CONV_POINTWISE
                 and onednn_applies(x, self.weight) and x.dim() in (3, 4)
                 and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))

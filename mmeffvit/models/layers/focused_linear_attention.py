@@ -185,7 +185,7 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         """:meth:`attend` on ``qkv(x)``, in inference: the same kernels on the same values, but
         ``v`` gets a GEMM of its own (rows of the ``qkv`` weight), so the DWC reads it as a dense
         channels-last map instead of a copy of a strided slice, and the positional encoding and
-        the DWC term are added in place (stage 1 of FLatten-Swin-T: 63 → 54 ms per module)."""
+        the DWC term are added in place (measured: ``docs/ops.md``)."""
         c = self.embed_dims
         weight, bias = self.qkv.weight, self.qkv.bias
         qk = fused_linear(x, weight[:2 * c], None if bias is None else bias[:2 * c])
@@ -242,8 +242,8 @@ class _QKVFocusedAttention(torch.autograd.Function):
     q, k and v straight into one ``(B, N, 3C)`` tensor, the memory of the spent ``qkv`` output
     itself (its rows are read before their gradients are written). Unfused, autograd writes
     dq, dk, dv and the DWC's dv into four fresh maps, adds two and concatenates three into a
-    fifth: at stage 1 of FLatten-Swin-T (800×1333) that concatenation alone took 90-210 ms
-    inside a training step (fresh pages), 8-25 ms alone. Where autograd keeps the graph
+    fifth, whose fresh pages made that concatenation one of the costly steps of a training step
+    at detection resolution. Where autograd keeps the graph
     (``retain_graph``) ``qkv`` stays intact and the gradient goes to a new tensor.
     """
 

@@ -3,11 +3,10 @@
 
 Why not torch's own ``nn.Linear`` / timm's ``Mlp``: in eager PyTorch a CPU ``addmm`` first
 copies the broadcast bias into its output and then accumulates the product on it, and GELU is
-one more pass over the ``(N, 4C)`` hidden map. At stage 1 of an 800×1333 image (Zen 4, 2
-threads, measured): ``Linear(384, 96)`` 35.4 → 26.5 ms, ``Linear(96, 288)`` 27.6 → 21.1 ms, and
-fc1 + GELU 97 → 63 ms. ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU backend
-emits for these patterns. Results equal the eager ones to float rounding (the GEMM's summation
-order).
+one more pass over the ``(N, 4C)`` hidden map; fusing both into the GEMM was measured faster at
+detection resolution (``docs/ops.md``). ``mkldnn::_linear_pointwise`` is the kernel
+torch.compile's CPU backend emits for these patterns. Results equal the eager ones to float
+rounding (the GEMM's summation order).
 
 In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
 pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is two GEMMs and the bias
@@ -47,10 +46,8 @@ def choose_linear_kernel(capability=None, override=None) -> str:
     """The GEMM behind the fused path: ``'onednn'`` (``mkldnn::_linear_pointwise``) or
     ``'aten'`` (``F.linear``, MKL's GEMM; GELU in place after it).
 
-    oneDNN's fp32 kernels beat MKL's GEMM on an AVX-512 CPU (Zen 4, the numbers above), not on an
-    AVX2-only one: on Zen 3 (2 threads, 800×1333, in-process A/B, min of 3-4) inference took
-    FLatten-Swin-T 1.90 s with oneDNN against 1.60 s with MKL, FLatten-PVT-T 0.81 / 0.74,
-    Focal-T 2.50 / 2.31, L2ViT-T 2.19 / 2.10. ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
+    oneDNN's fp32 kernels beat MKL's GEMM on an AVX-512 CPU, not on an AVX2-only one (whole
+    backbones measured both ways: ``docs/ops.md``). ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
     current = policy()  # MMEFFVIT_LINEAR_KERNEL and the ISA, read in mmeffvit.ops.policy
     if override is None:
         override = current.cpu_gemm if current.cpu_gemm_forced else ''
@@ -93,9 +90,8 @@ def fused_linear(x, weight, bias, activation='none'):
 def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
     """Whether :func:`onednn_attention` replaces ``F.scaled_dot_product_attention`` (no mask):
     CPU fp32 inference where the linears run oneDNN (AVX-512). torch's CPU flash kernel runs its
-    blocks on MKL's GEMM; on Zen 5 (2 threads) LaViT-T's global attention took 97-98 ms
-    (1 head, 66 800 × 1025 keys, d 64) and 91 (2 heads, 16 700 × 1025, d 128) in SDPA against
-    74-84 and 50-51 ms as oneDNN row blocks."""
+    blocks on MKL's GEMM, slower there than oneDNN's on LaViT's global attention
+    (``docs/ops.md``, attention)."""
     return (onednn_gemm() and dropout == 0. and q.dim() == 4
             and all(onednn_inference(t, k) for t in (q, v)) and q.shape[-1] == k.shape[-1]
             and k.shape[-2] == v.shape[-2])
@@ -103,10 +99,10 @@ def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
 
 def onednn_attention(q, k, v, scale, out=None):
     """``softmax(scale · q kᵀ) v`` for ``(B, H, N, d)`` queries and ``(B, H, M, d | d_v)`` keys
-    and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (1 M elements;
-    LaViT-T's global attention took 3-6 % longer with 2 M, 6-15 % with 256 K; Zen 5, 2
-    threads): two oneDNN GEMMs and a softmax each; no ``N × M`` map is written. ``out``: an
-    optional ``(B, H, N, d_v)`` tensor or view (any strides) written and returned."""
+    and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (1 M elements,
+    the fastest of the block sizes measured): two oneDNN GEMMs and a softmax each; no
+    ``N × M`` map is written. ``out``: an optional ``(B, H, N, d_v)`` tensor or view (any
+    strides) written and returned."""
     b, h, n, _ = q.shape
     m, width = k.shape[-2], v.shape[-1]
     out = q.new_empty(b, h, n, width) if out is None else out
@@ -158,9 +154,8 @@ class _OneDNNLinear(torch.autograd.Function):
 def _input_grad(grad_out, weight):
     """``dX = dY·W``, through oneDNN's linear kernel with ``Wᵀ`` as its weight where it applies
     (not under double backward, which needs differentiable operators). MKL's GEMM behind
-    ``matmul`` is slow on these narrow outputs: at 66 800 rows (stage 1 at 800×1333, 2 threads)
-    ``[N, 288]·[288, 96]`` ran at 45-61 GMAC/s against oneDNN's 80-88, ``[N, 96]·[96, 96]``
-    49-64 against 65-73 (two runs); equal to float rounding (the summation order)."""
+    ``matmul`` is the slower one on these narrow outputs (``docs/ops.md``); equal to float
+    rounding (the summation order)."""
     if (onednn_gemm() and not torch.is_grad_enabled()
             and grad_out.is_contiguous() and onednn_applies(grad_out, weight)):
         return fused_linear(grad_out, weight.t().contiguous(), None)
@@ -185,14 +180,14 @@ class _GeluLinear(torch.autograd.Function):
     for the GEMM and again in the backward for the weight gradient, instead of being stored as
     a second ``(N, 4C)`` map (16-22 % of the training activations of CSWin, L²ViT and Swin
     variants). The GELU is recomputed; the blocks save the page faults of a fresh ``(N, 4C)``
-    output, so the step takes no longer (one MLP at stage-1 size: 276 ms → 259 ms, measured).
+    output, so the step takes no longer (measured: ``docs/ops.md``).
 
     ``owned=True`` (the caller made ``h`` and nothing else holds it, as in :class:`Mlp`): the
     backward writes GELU's input gradient over the saved ``h`` block by block instead of into a
     fresh tensor (on the CPU a fresh tensor this large is faulted in page by page by the kernel
-    that writes it first: 1.13 s → 0.50 s of ``dO·W`` GEMMs in a FLatten-Swin-T step at
-    800×1333). Where autograd keeps the graph for another backward (``retain_graph``) or
-    builds one (double backward) ``h`` stays intact and plain differentiable operators run.
+    that writes it first, which made those GEMMs twice as slow). Where autograd keeps the graph
+    for another backward (``retain_graph``) or builds one (double backward) ``h`` stays intact
+    and plain differentiable operators run.
     """
 
     @staticmethod
@@ -294,9 +289,8 @@ class _SplitHeadsOverSpent(torch.autograd.Function):
     whose backward writes the parts' gradients over that output instead of stacking them into
     a fresh ``(B, N, parts·C)`` tensor (autograd's ``unbind`` backward). The parts' consumers
     have run their backward by then, so the projection is spent; a fresh map of that size is
-    faulted in page by page on the CPU (L²ViT-T's 12 such stacks: 50-520 ms of a training step
-    at 800×1333, by the fresh pages they met). Where autograd keeps the graph (``retain_graph``)
-    or builds one (double backward) the gradient goes to a new tensor."""
+    faulted in page by page on the CPU (``docs/ops.md``). Where autograd keeps the graph
+    (``retain_graph``) or builds one (double backward) the gradient goes to a new tensor."""
 
     @staticmethod
     def forward(ctx, projected, parts, num_heads):
@@ -359,13 +353,10 @@ def mlp_residual(x, norm, mlp, drop_path=None, owned=False):
     With ``owned`` (the caller made ``x`` and nothing else holds it), in CPU inference (the
     fused kernels apply, nothing needs a gradient, no hooks, exact GELU, a plain LayerNorm) and
     on a large map, it runs in place on ``x``, one block of rows at a time: LayerNorm, fc1 +
-    GELU, fc2, add. No ``(N, hidden)`` map is allocated: the inference allocation peak at
-    800×1333 (``tools/analysis/benchmark.py``, weights included) went 302 → 253 MiB for
-    FLatten-PVT-T, 320 → 271 for FLatten-CSWin-T, 845 → 781 for LaViT-T and 363 → 342 for
-    L²ViT-T; FLatten-Swin-T's and Focal-T's peaks lie elsewhere (unchanged). Time: one stage-1
-    block of Swin-T size (66 800 × 96 tokens, 2 threads)
-    91-108 → 71-85 ms under glibc's default malloc (the whole map is faulted in fresh), equal
-    when freed memory is retained (:mod:`mmeffvit.utils.allocator`, as ``tools/test.py``).
+    GELU, fc2, add. No ``(N, hidden)`` map is allocated, which lowers the inference
+    allocation peak of the families whose peak lies in an MLP, and is faster under glibc's
+    default malloc (the whole map would be faulted in fresh); equal in time when freed memory is
+    retained (:mod:`mmeffvit.utils.allocator`, as ``tools/test.py``). Figures: ``docs/ops.md``.
     Equal to the plain expression: the same kernels on the same rows.
     """
     if owned and _mlp_blocks_apply(x, norm, mlp, drop_path):

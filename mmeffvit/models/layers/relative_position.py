@@ -85,7 +85,7 @@ def window_attention_mask(bias, images):
     """An additive mask ``(nW, h|1, n, N)`` of one image's windows, repeated for ``images``
     images so that it lines up with queries ``(images·nW, h, n, d)``. torch's fused CPU
     attention wants a 4-D mask, and a 5-D ``(B, nW, ...)`` query falls back to its slow
-    composite path (measured 2.3× slower), so the mask is repeated rather than broadcast."""
+    composite path (measured slower), so the mask is repeated rather than broadcast."""
     return bias if images == 1 else bias.repeat(images, 1, 1, 1)
 
 
@@ -198,9 +198,9 @@ class Workspace:
     """Named flat buffers, each grown to the largest request and handed out as views.
 
     On the CPU every large tensor allocated anew is faulted in page by page on its first write
-    (glibc maps blocks this large anew and unmaps them when freed): an ``index_select`` of
-    214 MB took 108 ms into a new tensor and 26 ms into a written one (stage 1 of an 800×1333
-    Focal-T, 2 threads). Blocks that run one after another reuse one set of buffers instead.
+    (glibc maps blocks this large anew and unmaps them when freed), which made an
+    ``index_select`` into a new tensor four times slower than into a written one
+    (``docs/ops.md``). Blocks that run one after another reuse one set of buffers instead.
     """
 
     def __init__(self):
@@ -271,7 +271,7 @@ def gather_keys(bank, index, num_heads, workspace=None):
 
     One ``index_select`` of the bank's ``d``-wide rows in head-major order, so that the
     attention's batched GEMMs (and :func:`attention_backward`) read them without a copy
-    (measured: stage 1 of an 800×1333 Focal-T, 61 → 43 ms with the copies it saves); without
+    (measured faster with the copies it saves, ``docs/ops.md``); without
     autograd through the bank, into the buffer of ``workspace`` or of the open
     :func:`reused_gather_buffer` scope.
     """

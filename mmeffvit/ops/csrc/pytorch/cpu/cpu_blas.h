@@ -3,8 +3,8 @@
 // is linked with.
 //
 // Why brgemm there: the kernels multiply cache-sized blocks (256 x 64 by 64 x 64), where MKL's
-// sgemm_ takes its AVX2 path on AMD CPUs: 49 GMAC/s per thread against brgemm's 120 on Zen 5
-// (256 x 64 x 64; with a transposed operand, copied first, 88). The choice follows the rule of
+// sgemm_ takes its AVX2 path on AMD CPUs, at less than half brgemm's rate there, a transposed
+// operand (copied first) included (docs/ops.md). The choice follows the rule of
 // mmeffvit's linear layers (oneDNN on AVX-512 only) and set_cpu_gemm overrides it.
 //
 // ATen's cpublas::gemm is not exported and dispatched ATen ops inside a parallel region fight
@@ -161,10 +161,10 @@ void gemm_rm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, acc_t alpha, con
              int64_t lda, const acc_t* B, int64_t ldb, acc_t beta, acc_t* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if constexpr (std::is_same_v<acc_t, float>) {
-    // ATen keeps every brgemm kernel it generates, per thread (~140 KB each, measured: 512
-    // distinct token counts grew RSS by 70 MiB): sizes off the 16-float vector grid, such as
-    // the ragged last row block of a batch, stay on BLAS, so a thread holds few kernels
-    // whatever the image sizes; the rule depends on the shape only (reproducible results)
+    // ATen keeps every brgemm kernel it generates, per thread (~140 KB each; many distinct
+    // token counts grew RSS by tens of MiB, docs/ops.md): sizes off the 16-float vector grid,
+    // such as the ragged last row block of a batch, stay on BLAS, so a thread holds few
+    // kernels whatever the image sizes; the rule depends on the shape only (reproducible)
     const bool on_grid = M % 16 == 0 && N % 16 == 0 && K % 16 == 0;
     if (on_grid && alpha == 1.f && (beta == 0.f || beta == 1.f) && use_brgemm()) {
       const BlasThreadsInRegion single_threaded_in_region;  // for ATen's BLAS fallback

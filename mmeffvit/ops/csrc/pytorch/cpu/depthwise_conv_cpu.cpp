@@ -2,8 +2,8 @@
 //
 // Why: oneDNN's depthwise weight gradient is slow on a CPU for kernels of 5 and more, and the
 // grouped-conv formulation (the map as input, the output gradient as a (C, 1, Ho, Wo) kernel)
-// first copies both operands into dense NCHW-like layouts: 54-69 ms at FLatten-Swin-T's stage 1
-// (200 x 334 x 96, k = 5, 2 threads), against 8-11 ms for this one pass. For every output row
+// first copies both operands into dense NCHW-like layouts; this one pass is several times
+// faster at FLatten's stage-1/2 sizes (docs/ops.md). For every output row
 // and tap (i, j) the row of output gradients is multiplied with the shifted input row and
 // accumulated into a (kh * kw, C) table that stays in L1; the channel loop is contiguous and
 // vectorises. Rows are split in fixed chunks, each with its own table, summed in chunk order:

@@ -2,13 +2,12 @@
 //
 // Why: at detection resolution Swin-style stages run thousands of tiny attentions (49 tokens,
 // 32 channels a head); torch's fused CPU attention handles each (window, head) with GEMM calls
-// sized for long sequences and reaches ~12 GMAC/s on 2 Zen 3 threads, a sixth of the machine's
-// GEMM rate (docs/profiles.md, thirteenth round). Here one task is one (window, head): its keys
+// sized for long sequences and reaches a small fraction of the machine's GEMM rate there
+// (docs/ops.md). Here one task is one (window, head): its keys
 // are transposed into an L1-resident table, the scores of 8 query rows are made at once against
 // it (8 independent FMA chains), softmax runs on 8-wide vectors, the value sums of 2 rows share
 // their loads, and the output is written with the heads already merged, (BW, n, h·d), which
-// saves the transpose copy after the attention. Stage 3 of FLatten-Swin-T at 800×1333 (96
-// windows × 12 heads, 2 threads): 13-18 → 10-13 ms (docs/profiles.md, fourteenth round).
+// saves the transpose copy after the attention (timings: docs/ops.md, window_attention).
 // Focal attention's windows read their keys (window, ring, pooled: 181-230) from a shared bank
 // through an index, and its bias and per-window key mask are added to the scores here, so
 // neither the gathered keys nor the summed mask is ever written (fifteenth round).
