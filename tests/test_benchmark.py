@@ -258,8 +258,8 @@ def test_quick_run_end_to_end(tmp_path):
     gemm = data['gemm']['float32'][0]['result']
     assert gemm['gmacs_per_s'] > 0
     # both CPU fp32 GEMMs are timed (oneDNN's where this torch has it); the rate is the faster's
-    from mmeffvit.models.layers.linear import _ONEDNN_LINEAR
-    assert set(gemm['kernel_times']) == {'torch.mm'} | ({'oneDNN'} if _ONEDNN_LINEAR else set())
+    from mmeffvit.ops.policy import ONEDNN_LINEAR
+    assert set(gemm['kernel_times']) == {'torch.mm'} | ({'oneDNN'} if ONEDNN_LINEAR else set())
     assert min(gemm['times']) == min(min(t) for t in gemm['kernel_times'].values())
     # which GEMM mmeffvit's linears ran on depends on the CPU: the report says it
     from mmeffvit.models.layers.linear import choose_linear_kernel

@@ -175,8 +175,8 @@ def test_inference_stripes_on_onednn_attend_real_tokens_only(monkeypatch, switch
     the unpadded stripe-by-stripe reference."""
     from torch.profiler import profile
 
-    from mmeffvit.models.layers import linear
-    if not linear._ONEDNN_LINEAR:
+    from mmeffvit.ops.policy import ONEDNN_LINEAR
+    if not ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
     switch_kernels(required=False, cpu_gemm='onednn')
     torch.manual_seed(0)

@@ -435,8 +435,9 @@ def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, switc
     blocks (no flash kernel runs), outputs equal to torch's SDPA path."""
     from torch.profiler import profile
 
-    from mmeffvit.models.layers import less_attention, linear
-    if not linear._ONEDNN_LINEAR:
+    from mmeffvit.models.layers import less_attention
+    from mmeffvit.ops.policy import ONEDNN_LINEAR
+    if not ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
     switch_kernels(required=False, cpu_gemm='onednn')
     torch.manual_seed(0)

@@ -8,6 +8,7 @@ from torch.profiler import profile
 
 from mmeffvit.models.layers import Linear, Mlp
 from mmeffvit.models.layers import linear as linear_module
+from mmeffvit.ops.policy import ONEDNN_LINEAR
 from mmeffvit.utils import split_heads
 
 
@@ -29,7 +30,7 @@ def _pair(dims=48, hidden=192):
 def onednn_kernel(monkeypatch, switch_kernels):
     """The fused path on oneDNN's kernel, whichever this CPU would choose (see
     ``choose_linear_kernel``)."""
-    if not linear_module._ONEDNN_LINEAR:
+    if not ONEDNN_LINEAR:
         pytest.skip('torch without oneDNN linear')
     switch_kernels(required=False, cpu_gemm='onednn')
 
@@ -282,7 +283,7 @@ def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_on
     output equals the modules composed by hand; training never takes the fused call."""
     from mmeffvit.models.layers import depthwise_conv
     if kernel == 'onednn' and not (depthwise_conv._ONEDNN_CONV_POINTWISE
-                                   and linear_module._ONEDNN_LINEAR):
+                                   and ONEDNN_LINEAR):
         pytest.skip('this torch has no oneDNN pointwise kernels')
     switch_kernels(required=False, cpu_gemm=kernel)
     mlp, x, ops, out, expected = _conv_mlp_inference(seed=6, hidden=64)
@@ -474,7 +475,7 @@ def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch, switch_kernels)
 def test_onednn_attention_equals_softmax_attention_by_row_blocks():
     """Blocks of query rows (3 here, the last short), two heads, a batch of two, a value width
     other than the key's: equal to the explicit softmax in float64."""
-    if not linear_module._ONEDNN_LINEAR:
+    if not ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
     torch.manual_seed(7)
     q, k = torch.randn(2, 2, 5000, 16), torch.randn(2, 2, 1025, 16)
@@ -502,7 +503,7 @@ def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(swit
     q, k = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 6, 4)
     with torch.no_grad():
         assert linear_module.onednn_attention_applies(q, k, k) == (
-            kernel == 'onednn' and linear_module._ONEDNN_LINEAR)
+            kernel == 'onednn' and ONEDNN_LINEAR)
         assert not linear_module.onednn_attention_applies(q, k, k, dropout=0.1)
         assert not linear_module.onednn_attention_applies(q.double(), k.double(), k.double())
     assert not linear_module.onednn_attention_applies(q.requires_grad_(), k, k)
@@ -515,7 +516,7 @@ def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(
     conv (lowered to 0 here); the output equals the modules composed by hand."""
     from mmeffvit import ops
     from mmeffvit.models.layers import depthwise_conv
-    if ops.load_ext() is None or not linear_module._ONEDNN_LINEAR:
+    if ops.load_ext() is None or not ONEDNN_LINEAR:
         pytest.skip('needs mmeffvit._ext and oneDNN linears')
     switch_kernels(required=False, cpu_gemm='onednn')
     monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)

@@ -16,7 +16,8 @@ from torch.autograd.function import once_differentiable
 
 from ...ops import depthwise_conv3x3_gelu, depthwise_conv_weight_grad
 from ...ops.depthwise_conv import compiled_conv3x3_gelu_applies, compiled_weight_grad_applies
-from .linear import _needs_grad, _without_hooks, onednn_applies, onednn_gemm
+from ...ops.linear import needs_grad, onednn_applies, onednn_gemm
+from .linear import _without_hooks
 
 _ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
                           and hasattr(torch.ops.mkldnn, '_convolution_pointwise'))
@@ -164,7 +165,7 @@ class DepthwiseConv2d(nn.Conv2d):
         on AVX2 it was the slower one (``docs/ops.md``)."""
         return (onednn_gemm() and _ONEDNN_CONV_POINTWISE
                 and onednn_applies(x, self.weight) and x.dim() in (3, 4)
-                and not _needs_grad(x, self.weight, self.bias) and _without_hooks(self))
+                and not needs_grad(x, self.weight, self.bias) and _without_hooks(self))
 
     def forward_gelu(self, x, hw_shape=None):
         """``F.gelu(self(x, hw_shape))`` (exact GELU), fused where :meth:`gelu_applies`: a 3×3

@@ -7,9 +7,10 @@ from torch.autograd.function import once_differentiable
 
 from ... import ops
 from ...ops.focused_linear_attention import EPS, FOCUS_EPS
+from ...ops.linear import fused_linear, graph_kept, needs_grad, onednn_applies
 from ...utils import TokenGridResizeCache
 from .depthwise_conv import DepthwiseConv2d, depthwise_conv_grads
-from .linear import Linear, _graph_kept, _needs_grad, _without_hooks, fused_linear, onednn_applies
+from .linear import Linear, _without_hooks
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
@@ -167,11 +168,11 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
 
     def _qkv_training_fused(self, x):
         """Training: attention and DWC as one autograd function (:class:`_QKVFocusedAttention`)."""
-        return self._fused_qkv_applies(x) and _needs_grad(x, *self.parameters())
+        return self._fused_qkv_applies(x) and needs_grad(x, *self.parameters())
 
     def _qkv_inference_fused(self, x):
         """Inference: :meth:`_attend_qkv_inference` (slices the ``qkv`` weight by rows)."""
-        return (self._fused_qkv_applies(x) and not _needs_grad(x, *self.parameters())
+        return (self._fused_qkv_applies(x) and not needs_grad(x, *self.parameters())
                 and self.qkv.weight.is_contiguous())
 
     def _resized_encoding(self, hw_shape):
@@ -280,7 +281,7 @@ class _QKVFocusedAttention(torch.autograd.Function):
         # the DWC first: its weight gradient reads v, which the attention's gradient overwrites
         grad_v_dwc, grad_weight, grad_bias = depthwise_conv_grads(
             v_map, grad_map, dwc_weight, padding, True, need_weight, has_bias and need_bias)
-        grad_qkv = qkv if not _graph_kept() else torch.empty_like(qkv)
+        grad_qkv = qkv if not graph_kept() else torch.empty_like(qkv)
         dq, dk, dv = grad_qkv.split(c, dim=-1)
         grad_scale = ext.focused_linear_attention_backward_into(
             grad, q, keys, v, scale, kv, ksum, heads, focusing_factor, FOCUS_EPS, EPS, dq, dk, dv)

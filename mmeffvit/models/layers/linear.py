@@ -1,19 +1,11 @@
-"""Linear layers whose CPU forward runs oneDNN's GEMM with the epilogue fused: ``Linear``
-(bias) and the transformer ``Mlp`` (bias, and in inference exact GELU after ``fc1``).
+"""Linear layers whose CPU forward runs the kernel of :func:`mmeffvit.ops.linear` (oneDNN's GEMM
+with the epilogue fused, or ATen's BLAS, as the kernel policy chooses): ``Linear`` (bias) and
+the transformer ``Mlp`` (bias, and in inference exact GELU after ``fc1``). Why the fused kernel
+and where it applies: :mod:`mmeffvit.ops.linear`.
 
-Why not torch's own ``nn.Linear`` / timm's ``Mlp``: in eager PyTorch a CPU ``addmm`` first
-copies the broadcast bias into its output and then accumulates the product on it, and GELU is
-one more pass over the ``(N, 4C)`` hidden map; fusing both into the GEMM was measured faster at
-detection resolution (``docs/ops.md``). ``mkldnn::_linear_pointwise`` is the kernel
-torch.compile's CPU backend emits for these patterns. Results equal the eager ones to float
-rounding (the GEMM's summation order).
-
-In training the same forward kernel (bias fused; GELU stays apart, its backward needs the
-pre-activation) runs inside :class:`_OneDNNLinear`, whose backward is two GEMMs and the bias
-sum (the input gradient through the same oneDNN kernel, faster than MKL's GEMM on the narrow
-outputs of early stages); the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, which
-stores the pre-activation only (GELU recomputed block by block) and whose backward writes its
-input gradient over it instead of into a fresh tensor.
+In training the MLP's GELU and ``fc2`` are one :class:`_GeluLinear`, which stores the
+pre-activation only (GELU recomputed block by block) and whose backward writes its input
+gradient over it instead of into a fresh tensor.
 
 :func:`mlp_residual` is a block's ``x + mlp(norm(x))``, which in CPU inference runs in blocks of
 rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map.
@@ -23,18 +15,15 @@ backward writes the parts' gradients over the spent projection.
 
 On a CPU without AVX-512 the same functions run MKL's GEMM instead of oneDNN's, which is slower
 there (:func:`choose_linear_kernel`); the memory savings of the autograd functions stay.
-
-The fused path runs only where it applies: CPU, float32, no autocast, tracing, compiling,
-functorch transform or dispatch mode (``FlopCounterMode`` and the complexity tools see the plain
-operators).
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ...ops.policy import ONEDNN_LINEAR as _ONEDNN_LINEAR
+from ...ops.linear import linear  # noqa: F401  (re-exported: the layers' entry point)
+from ...ops.linear import (_OneDNNLinear, fused_linear, graph_kept, needs_grad, onednn_applies,
+                           onednn_gemm, onednn_inference)
 from ...ops.policy import choose_cpu_gemm, policy
 from ...utils.tensor import split_heads
 from .norm import LayerNormFP32
@@ -52,39 +41,6 @@ def choose_linear_kernel(capability=None, override=None) -> str:
     if override is None:
         override = current.cpu_gemm if current.cpu_gemm_forced else ''
     return choose_cpu_gemm(capability or current.cpu_capability, override)
-
-
-def onednn_gemm() -> bool:
-    """Whether the policy in force runs the CPU linears on oneDNN (else ATen's BLAS)."""
-    return policy().cpu_gemm == 'onednn'
-
-
-def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``x @ weight.T`` may run as oneDNN's fused linear kernel (see the module)."""
-    return (_ONEDNN_LINEAR and x.device.type == 'cpu' and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None
-            and not torch._C._are_functorch_transforms_active())
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the fused kernel applies and nothing needs a gradient."""
-    return onednn_applies(x, weight) and not _needs_grad(x, weight)
-
-
-def fused_linear(x, weight, bias, activation='none'):
-    """``activation(x @ weightᵀ + bias)`` (``'none'`` or ``'gelu'``, exact erf) through
-    the policy's GEMM: one oneDNN call, or ``F.linear`` and GELU in place."""
-    if onednn_gemm():
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [],
-                                                  'none' if activation == 'gelu' else '')
-    out = F.linear(x, weight, bias)
-    return torch.ops.aten.gelu_(out) if activation == 'gelu' else out
 
 
 def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
@@ -119,54 +75,6 @@ def onednn_attention(q, k, v, scale, out=None):
                 probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
                 out[i, j, start:start + rows] = fused_linear(probs, value_t[i, j], None)
     return out
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """``x @ weightᵀ + bias`` with the bias fused into oneDNN's forward GEMM; the backward is
-    the one of ``addmm`` (``dx = dy·W``, ``dW = dyᵀ·x``, ``db = Σ dy``; ``dx`` through oneDNN
-    where it is the policy's GEMM, :func:`_input_grad`), with differentiable operators under
-    double backward."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return fused_linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        return _OneDNNLinear._grads(ctx, grad_out, x, weight, ctx.needs_input_grad[0])
-
-    @staticmethod
-    def _grads(ctx, grad_out, x, weight, input_grad):
-        grad_x = grad_weight = grad_bias = None
-        if input_grad:
-            grad_x = _input_grad(grad_out, weight)
-        grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
-        if ctx.needs_input_grad[1]:
-            grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_2d.sum(0)
-        return grad_x, grad_weight, grad_bias
-
-
-def _input_grad(grad_out, weight):
-    """``dX = dY·W``, through oneDNN's linear kernel with ``Wᵀ`` as its weight where it applies
-    (not under double backward, which needs differentiable operators). MKL's GEMM behind
-    ``matmul`` is the slower one on these narrow outputs (``docs/ops.md``); equal to float
-    rounding (the summation order)."""
-    if (onednn_gemm() and not torch.is_grad_enabled()
-            and grad_out.is_contiguous() and onednn_applies(grad_out, weight)):
-        return fused_linear(grad_out, weight.t().contiguous(), None)
-    return grad_out.matmul(weight)
-
-
-def _graph_kept() -> bool:
-    """Whether the running backward keeps the graph (``retain_graph``/``create_graph``), so
-    that saved tensors must stay intact; True where torch cannot tell."""
-    keep_graph = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
-    return True if keep_graph is None else bool(keep_graph())
 
 
 # Rows per block of _GeluLinear: a 2 MiB fp32 block of the hidden map (stays in cache between
@@ -218,7 +126,7 @@ class _GeluLinear(torch.autograd.Function):
         grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
         grad_hidden = grad_weight = grad_bias = None
         if need_hidden:
-            overwrite = ctx.owned and hidden.is_contiguous() and not _graph_kept()
+            overwrite = ctx.owned and hidden.is_contiguous() and not graph_kept()
             grad_hidden = hidden_2d if overwrite else torch.empty_like(hidden_2d)
             grad_act = _block_buffer(hidden_2d)
         if need_weight:
@@ -264,22 +172,12 @@ def _gelu_blocks(hidden_2d, compute=True):
         yield rows, act
 
 
-def linear(x, weight, bias=None):
-    """``F.linear`` with oneDNN's fused forward where it applies (CPU fp32, see the module),
-    under autograd too."""
-    if not onednn_applies(x, weight):
-        return F.linear(x, weight, bias)
-    if _needs_grad(x, weight, bias):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return fused_linear(x, weight, bias)
-
-
 def gelu_linear(x, fc, owned=False):
     """``fc(gelu(x))`` (exact GELU) as one :class:`_GeluLinear` where oneDNN applies and autograd
     records through it (see the class), else the two modules' own calls. ``owned``: ``x`` is
     the caller's intermediate that nothing else holds (its memory may take the gradient)."""
     if (type(fc) in (Linear, nn.Linear) and _without_hooks(fc) and onednn_applies(x, fc.weight)
-            and _needs_grad(x, fc.weight, fc.bias)):
+            and needs_grad(x, fc.weight, fc.bias)):
         return _GeluLinear.apply(x, fc.weight, fc.bias, owned)
     return fc(F.gelu(x))
 
@@ -309,7 +207,7 @@ class _SplitHeadsOverSpent(torch.autograd.Function):
                 else projected.new_zeros(b, n, ctx.num_heads, head_dims) for g in grads],
                 2).reshape(b, n, -1), None, None
         # spent unless the graph is kept: every consumer of the parts has run its backward
-        out = torch.empty_like(projected) if _graph_kept() else projected
+        out = torch.empty_like(projected) if graph_kept() else projected
         out_parts = out.view(b, n, ctx.parts, ctx.num_heads, -1)
         for i, grad in enumerate(grads):
             if grad is None:
@@ -334,7 +232,7 @@ def split_owned_heads(projected, parts, num_heads):
     """``split_heads(projected, parts, num_heads)`` of a projection the caller made and nothing
     else holds: where autograd records it on a contiguous tensor, the parts' gradients are
     written back over it (:class:`_SplitHeadsOverSpent`). Same values either way."""
-    if _needs_grad(projected) and projected.dim() == 3 and projected.is_contiguous():
+    if needs_grad(projected) and projected.dim() == 3 and projected.is_contiguous():
         return _SplitHeadsOverSpent.apply(projected, parts, num_heads)
     return split_heads(projected, parts, num_heads)
 
@@ -378,8 +276,8 @@ def _mlp_blocks_apply(x, norm, mlp, drop_path):
     return (x.is_contiguous() and x.dim() >= 2 and x.shape[-1] == fc1.in_features
             and x.numel() // x.shape[-1] * fc1.out_features >= _MLP_BLOCKED_MIN_ELEMENTS
             and onednn_applies(x, fc1.weight) and fc2.weight.dtype == torch.float32
-            and not _needs_grad(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, norm.weight,
-                                norm.bias))
+            and not needs_grad(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, norm.weight,
+                               norm.bias))
 
 
 def _mlp_residual_blocks_(x, norm, mlp):
@@ -433,7 +331,7 @@ class Mlp(_TimmMlp):
                 and (isinstance(drop1, nn.Identity) or not self.training
                      or (type(drop1) is nn.Dropout and drop1.p == 0))
                 and onednn_applies(x, self.fc2.weight)
-                and _needs_grad(x, self.fc1.weight, self.fc2.weight))
+                and needs_grad(x, self.fc1.weight, self.fc2.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._plain():
