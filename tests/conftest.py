@@ -73,3 +73,15 @@ def switch_kernels():
     switch = KernelSwitch()
     yield switch
     switch.close()
+
+
+@pytest.fixture(params=['onednn', 'aten'])
+def linear_gemm(request):
+    """Runs a test with the CPU linears on each GEMM the policy can choose
+    (``use_kernels(required=False, cpu_gemm=...)``); the test gets the name."""
+    from mmeffvit import ops
+    from mmeffvit.ops.policy import ONEDNN_LINEAR
+    if request.param == 'onednn' and not ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    with ops.use_kernels(required=False, cpu_gemm=request.param):
+        yield request.param

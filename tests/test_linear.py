@@ -1,5 +1,7 @@
 """``models/layers/linear.py``: ``Linear`` and timm's ``Mlp`` with oneDNN's fused kernels on the
 CPU in fp32 (inference and training), torch's path everywhere else."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,8 @@ from mmeffvit.models.layers import Linear, Mlp
 from mmeffvit.models.layers import linear as linear_module
 from mmeffvit.ops.policy import ONEDNN_LINEAR
 from mmeffvit.utils import split_heads
+
+ops_linear = importlib.import_module('mmeffvit.ops.linear')  # the function ops.linear shadows it
 
 
 def _ops(fn):
@@ -119,8 +123,8 @@ def test_fused_linear_double_backward_matches_torch():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # GELU + fc2 in one Function (the training MLP)
     assert '_GeluLinearBackward' in _ops(
-        lambda: linear_module._GeluLinear.apply(x, weight, bias).sum().backward())
-    for got, want in zip(penalty(linear_module._GeluLinear.apply),
+        lambda: ops_linear._GeluLinear.apply(x, weight, bias).sum().backward())
+    for got, want in zip(penalty(ops_linear._GeluLinear.apply),
                          penalty(lambda *a: F.linear(F.gelu(a[0]), *a[1:]))):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -133,7 +137,7 @@ def test_gelu_linear_stores_the_pre_activation_only_and_writes_its_gradient_over
     (three here, the last one short); gradients equal torch's. With ``owned`` a plain backward
     returns the input gradient in ``h``'s memory; with ``retain_graph`` (or not owned) ``h``
     stays intact and a second backward gives the same gradients."""
-    monkeypatch.setattr(linear_module, '_GELU_BLOCK_ELEMENTS', 1)  # 64-row blocks
+    monkeypatch.setattr(ops_linear, '_GELU_BLOCK_ELEMENTS', 1)  # 64-row blocks
     torch.manual_seed(3)
     base = torch.randn(150, 12, requires_grad=True)
     weight = torch.randn(5, 12, requires_grad=True)
@@ -147,7 +151,7 @@ def test_gelu_linear_stores_the_pre_activation_only_and_writes_its_gradient_over
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
                                                       lambda t: t):
-            out = linear_module._GeluLinear.apply(hidden, weight, bias, owned)
+            out = ops_linear._GeluLinear.apply(hidden, weight, bias, owned)
         assert [tuple(t.shape) for t in saved] == [(150, 12), (5, 12)]
         assert saved[0] is hidden
         snapshot = hidden.clone()
@@ -403,7 +407,7 @@ def test_split_heads_gradient_overwrites_the_spent_projection_unless_the_graph_i
     projection stays intact (a second backward reads the same values)."""
     projected = (torch.randn(2, 5, 12, requires_grad=True) * 1)  # a non-leaf, as fc's output
     before = projected.detach().clone()
-    q, k, v = linear_module._SplitHeadsOverSpent.apply(projected, 3, 2)
+    q, k, v = ops_linear._SplitHeadsOverSpent.apply(projected, 3, 2)
     grad, = torch.autograd.grad((q * k * v).sum(), projected, retain_graph=retain)
     expected, = torch.autograd.grad((lambda a, b, c: (a * b * c).sum())(
         *split_heads(before.requires_grad_(), 3, 2)), before)
@@ -480,17 +484,17 @@ def test_onednn_attention_equals_softmax_attention_by_row_blocks():
     torch.manual_seed(7)
     q, k = torch.randn(2, 2, 5000, 16), torch.randn(2, 2, 1025, 16)
     v = torch.randn(2, 2, 1025, 24)
-    out = linear_module.onednn_attention(q, k, v, 0.25)
+    out = ops_linear.onednn_attention(q, k, v, 0.25)
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) * 0.25, -1) @ v.double()
     torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
-    out1 = linear_module.onednn_attention(q[:, :, :3], k, v[..., :16], 1.)
+    out1 = ops_linear.onednn_attention(q[:, :, :3], k, v[..., :16], 1.)
     ref1 = F.scaled_dot_product_attention(q[:, :, :3], k, v[..., :16], scale=1.)
     torch.testing.assert_close(out1, ref1, rtol=1e-5, atol=1e-5)
     # strided heads (views into one projection) in, a strided view out
     qkv = torch.randn(2, 300, 3, 2, 16)
     q2, k2, v2 = (t.transpose(1, 2) for t in qkv.unbind(2))
     buffer = torch.full((2, 300, 2, 16), float('nan'))
-    out2 = linear_module.onednn_attention(q2, k2, v2, 0.25, out=buffer.transpose(1, 2))
+    out2 = ops_linear.onednn_attention(q2, k2, v2, 0.25, out=buffer.transpose(1, 2))
     assert out2.data_ptr() == buffer.data_ptr()
     ref2 = torch.softmax(q2.double() @ k2.double().transpose(-1, -2) * 0.25, -1) @ v2.double()
     torch.testing.assert_close(buffer.transpose(1, 2), ref2.float(), rtol=1e-5, atol=1e-5)
@@ -502,11 +506,11 @@ def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(swit
     switch_kernels(required=False, cpu_gemm=kernel)
     q, k = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 6, 4)
     with torch.no_grad():
-        assert linear_module.onednn_attention_applies(q, k, k) == (
+        assert ops_linear.onednn_attention_applies(q, k, k) == (
             kernel == 'onednn' and ONEDNN_LINEAR)
-        assert not linear_module.onednn_attention_applies(q, k, k, dropout=0.1)
-        assert not linear_module.onednn_attention_applies(q.double(), k.double(), k.double())
-    assert not linear_module.onednn_attention_applies(q.requires_grad_(), k, k)
+        assert not ops_linear.onednn_attention_applies(q, k, k, dropout=0.1)
+        assert not ops_linear.onednn_attention_applies(q.double(), k.double(), k.double())
+    assert not ops_linear.onednn_attention_applies(q.requires_grad_(), k, k)
 
 
 def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(monkeypatch,

@@ -6,15 +6,6 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from mmeffvit import ops
-from mmeffvit.ops.policy import ONEDNN_LINEAR
-
-
-@pytest.fixture(params=['onednn', 'aten'])
-def gemm(request):
-    if request.param == 'onednn' and not ONEDNN_LINEAR:
-        pytest.skip('this torch has no oneDNN linear kernel')
-    with ops.use_kernels(required=False, cpu_gemm=request.param):
-        yield request.param
 
 
 def _operators(fn):
@@ -38,8 +29,8 @@ def _inputs(shape, in_features, out_features, strided, bias, dtype=torch.float32
     ((2, 37), 48, 72), ((1, 1), 3, 5), ((3, 7, 11), 17, 9), ((5,), 64, 64)])
 @pytest.mark.parametrize('strided', [False, True])
 @pytest.mark.parametrize('bias', [True, False])
-def test_forward_and_backward_equal_float64(gemm, shape, in_features, out_features, strided,
-                                            bias):
+def test_forward_and_backward_equal_float64(linear_gemm, shape, in_features, out_features,
+                                            strided, bias):
     x, weight, b = _inputs(shape, in_features, out_features, strided, bias)
     expected = F.linear(x.double(), weight.double(), None if b is None else b.double())
     with torch.no_grad():
@@ -57,15 +48,15 @@ def test_forward_and_backward_equal_float64(gemm, shape, in_features, out_featur
         torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
 
 
-def test_kernel_follows_the_policy(gemm):
+def test_kernel_follows_the_policy(linear_gemm):
     x, weight, b = _inputs((4, 33), 40, 24, False, True)
     with torch.no_grad():
         called = _operators(lambda: ops.linear(x, weight, b))
-    assert ('mkldnn::_linear_pointwise' in called) == (gemm == 'onednn')
+    assert ('mkldnn::_linear_pointwise' in called) == (linear_gemm == 'onednn')
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float64])
-def test_other_dtypes_run_torchs_linear(gemm, dtype):
+def test_other_dtypes_run_torchs_linear(linear_gemm, dtype):
     x, weight, b = _inputs((3, 19), 24, 8, True, True, dtype=dtype)
     with torch.no_grad():
         called = _operators(lambda: ops.linear(x, weight, b))
@@ -75,7 +66,7 @@ def test_other_dtypes_run_torchs_linear(gemm, dtype):
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=0, atol=0)
 
 
-def test_autocast_runs_torchs_linear(gemm):
+def test_autocast_runs_torchs_linear(linear_gemm):
     x, weight, b = _inputs((3, 19), 24, 8, False, True)
     with torch.autocast('cpu', dtype=torch.bfloat16), torch.no_grad():
         called = _operators(lambda: ops.linear(x, weight, b))
@@ -85,7 +76,7 @@ def test_autocast_runs_torchs_linear(gemm):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-def test_empty_input(gemm):
+def test_empty_input(linear_gemm):
     x, weight, b = _inputs((0,), 16, 8, False, True)
     with torch.no_grad():
         assert ops.linear(x, weight, b).shape == (0, 8)

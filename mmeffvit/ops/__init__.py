@@ -15,14 +15,16 @@ channels-last token maps, CPU); :func:`depthwise_conv3x3_gelu` (PVT v2's 3×3 de
 GELU in one pass, CPU inference); :func:`window_attention` (softmax attention in small windows,
 heads merged, CPU inference) and :func:`gathered_window_attention` (the same with each window's
 keys read from a shared bank through an index: Focal attention); :func:`linear` (the CPU
-linears on oneDNN's or ATen's GEMM with the bias fused, the policy's choice).
+linears on oneDNN's or ATen's GEMM with the bias fused, the policy's choice), :func:`gelu_linear`
+and :func:`mlp` (a transformer MLP that stores its pre-activation only in training),
+:func:`split_heads` (a fused projection's per-head views, whose backward may write over it).
 """
 from .depthwise_conv import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
                              depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref)
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
 from .focused_linear_attention import focused_linear_attention, focused_linear_attention_ref
-from .linear import linear
+from .linear import gelu_linear, linear, mlp, split_heads
 from .linear_attention import linear_attention, linear_attention_ref
 from .policy import KernelPolicy, use_kernels, use_reference
 from .window_attention import (gathered_window_attention, gathered_window_attention_ref,
@@ -33,7 +35,9 @@ __all__ = [
     'depthwise_conv_weight_grad_ref',
     'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
     'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
-    'get_ext', 'linear', 'load_ext', 'ops_mode', 'window_attention', 'window_attention_ref',
+    'gelu_linear', 'get_ext', 'linear', 'load_ext', 'mlp', 'ops_mode', 'split_heads',
+    'window_attention',
+    'window_attention_ref',
     'gathered_window_attention', 'gathered_window_attention_ref', 'KernelPolicy', 'use_kernels',
     'use_reference'
 ]

@@ -5,11 +5,11 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
+from ...ops.linear import onednn_attention, onednn_attention_applies
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
-from ..layers.linear import (Linear, Mlp, mlp_residual, onednn_attention,
-                             onednn_attention_applies)
+from ..layers.linear import Linear, Mlp, mlp_residual
 from .base import EffBackbone, check_stage_args, resolve_arch
 
 

@@ -5,7 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import Linear, onednn_attention, onednn_attention_applies, project_heads
+from ...ops.linear import onednn_attention, onednn_attention_applies
+from .linear import Linear, project_heads
 from .spatial_reduction_attention import SpatialReductionMixin
 
 
