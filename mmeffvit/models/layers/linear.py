@@ -21,15 +21,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
 
-from ...ops.linear import _GeluLinear  # noqa: F401  (re-exported for the tests of its memory)
 from ...ops.linear import fused_linear, linear, needs_grad, onednn_applies
 from ...ops.linear import gelu_linear as ops_gelu_linear
 from ...ops.linear import mlp as ops_mlp
 from ...ops.linear import split_heads as ops_split_heads
 from ...ops.policy import choose_cpu_gemm, policy
 from .norm import LayerNormFP32
-
-LINEAR_KERNELS = ('onednn', 'aten')
 
 
 def choose_linear_kernel(capability=None, override=None) -> str:

@@ -33,9 +33,7 @@ import threading
 
 import torch
 
-MODES = ('reference', 'auto', 'kernels')
 CPU_GEMMS = ('onednn', 'aten')
-MALLOC_CHOICES = ('default', 'retain', 'system')
 #: the C++ kernels' block-product GEMM that goes with each GEMM of the CPU linears
 KERNEL_GEMM_OF_CPU_GEMM = {'onednn': 'brgemm', 'aten': 'blas'}
 #: whether this torch has oneDNN's fused linear kernel (without it the CPU GEMM is ATen's)
