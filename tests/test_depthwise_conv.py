@@ -1,16 +1,20 @@
-"""DepthwiseConv2d (channels-last brick, mmeffvit's weight gradient: the compiled operator or the
-grouped-conv reference) and the token-grid resize."""
+"""DepthwiseConv2d (the nn.Conv2d brick over mmeffvit.ops.depthwise_conv, whose own tests are
+tests/test_op_depthwise_conv.py), PVT v2's ConvMlp around it, and the token-grid resize."""
 import copy
+import importlib
 import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.profiler import profile
 
 from mmeffvit.models.layers import DepthwiseConv2d
-from mmeffvit.models.layers import depthwise_conv
 from mmeffvit.ops import depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref, load_ext
+from mmeffvit.ops.policy import ONEDNN_LINEAR
 from mmeffvit.utils import TokenGridResizeCache, resize_token_grid
+
+dw_ops = importlib.import_module('mmeffvit.ops.depthwise_conv')
 
 
 def _reference(conv, x_map, repeats=1):
@@ -27,8 +31,8 @@ def _reference(conv, x_map, repeats=1):
 def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, batch, ops,
                                                    monkeypatch, switch_kernels):
     # mmeffvit's weight gradient is exercised on every case, small ones included
-    monkeypatch.setattr(depthwise_conv, 'CUSTOM_WEIGHT_GRAD_MIN_KERNEL', 1)
-    monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
+    monkeypatch.setattr(dw_ops, 'CUSTOM_WEIGHT_GRAD_MIN_KERNEL', 1)
+    monkeypatch.setattr(dw_ops, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
     if ops == 'compiled' and load_ext() is None:
         pytest.skip('mmeffvit._ext not built')
     switch_kernels() if ops == 'compiled' else switch_kernels.reference()
@@ -50,22 +54,6 @@ def test_tokens_forward_and_gradients_match_conv2d(kernel, channels, repeats, ba
         torch.testing.assert_close(g, e)
 
 
-@pytest.mark.parametrize('ops', ['compiled', 'reference'])
-def test_gradcheck_custom_weight_gradient(monkeypatch, switch_kernels, ops):
-    monkeypatch.setattr(depthwise_conv, 'GROUPED_WEIGHT_GRAD_MIN_CHANNELS', 1)
-    if ops == 'compiled' and load_ext() is None:
-        pytest.skip('mmeffvit._ext not built')
-    switch_kernels() if ops == 'compiled' else switch_kernels.reference()
-    conv = DepthwiseConv2d(3, 5).double()
-    x = torch.randn(2, 3, 6, 7, dtype=torch.float64, requires_grad=True)
-    assert conv._use_custom_weight_grad(x, conv.weight)
-
-    def fn(x, weight, bias):
-        return depthwise_conv._DepthwiseConvFunction.apply(x, weight, bias, conv.padding)
-
-    assert torch.autograd.gradcheck(fn, (x, conv.weight, conv.bias))
-
-
 def test_map_input_and_checkpoint_names():
     conv = DepthwiseConv2d(4, 3)
     plain = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
@@ -77,19 +65,85 @@ def test_map_input_and_checkpoint_names():
         assert conv(x).is_contiguous(memory_format=torch.channels_last)
 
 
-def test_channels_last_weight_strides():
-    weight = torch.randn(8, 1, 5, 5)
-    # .contiguous(memory_format=...) keeps NCHW strides for (C, 1, k, k); the helper must not
-    assert weight.contiguous(memory_format=torch.channels_last).stride() == weight.stride()
-    assert depthwise_conv.channels_last_weight(weight).stride() == (25, 1, 5, 1)
-
-
 def test_bad_inputs_raise():
     conv = DepthwiseConv2d(4, 3)
     with pytest.raises(ValueError, match='tokens do not form'):
         conv(torch.randn(1, 10, 4), (3, 4))
     with pytest.raises(ValueError, match='channels'):
         conv(torch.randn(1, 12, 8), (3, 4))
+
+
+def _ops_called(fn):
+    with profile() as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def _conv_mlp(seed=5, hidden=64):
+    from mmeffvit.models.layers.pvt_block import ConvMlp
+    torch.manual_seed(seed)
+    return ConvMlp(16, hidden)
+
+
+def _by_hand(mlp, x, hw):
+    return mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), hw)))
+
+
+@pytest.mark.skipif(not ONEDNN_LINEAR, reason='this torch has no oneDNN linear kernel')
+def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
+    """PVT v2's MLP (fc1 → depthwise conv → GELU → fc2): in training GELU and fc2 are one
+    ``_GeluLinear``; output and gradients equal the modules composed by hand."""
+    mlp = _conv_mlp().train()
+    x = torch.randn(2, 6 * 7, 16, requires_grad=True)
+    called = _ops_called(lambda: mlp(x, (6, 7)).sum().backward())
+    assert '_GeluLinearBackward' in called and 'mkldnn::_convolution_pointwise' not in called
+    out = mlp(x, (6, 7))
+    expected = _by_hand(mlp, x, (6, 7))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    grad_out = torch.randn_like(out)
+    inputs = [x] + list(mlp.parameters())
+    for got, want in zip(torch.autograd.grad(out, inputs, grad_out),
+                         torch.autograd.grad(expected, inputs, grad_out)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize('kernel', ['onednn', 'aten'])
+def test_pvt_v2_conv_mlp_inference_equals_the_modules_by_hand(switch_kernels, kernel):
+    """ConvMlp in inference runs conv and GELU as one ops.depthwise_conv call (fused into
+    oneDNN's conv where the linears run oneDNN, test_op_depthwise_conv.py); the output equals
+    the modules composed by hand on either GEMM."""
+    if kernel == 'onednn' and not ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    switch_kernels(required=False, cpu_gemm=kernel)
+    mlp = _conv_mlp(seed=6).eval()
+    x = torch.randn(2, 9 * 11, 16)
+    with torch.no_grad():
+        called = _ops_called(lambda: mlp(x, (9, 11)))
+        torch.testing.assert_close(mlp(x, (9, 11)), _by_hand(mlp, x, (9, 11)), rtol=1e-5,
+                                   atol=1e-6)
+    assert ('mkldnn::_convolution_pointwise' in called) == (
+        kernel == 'onednn' and dw_ops._ONEDNN_CONV_POINTWISE)
+
+
+@pytest.mark.parametrize('hooked', ['dwconv', 'dwconv.dwconv'])
+@pytest.mark.parametrize('kernel', ['onednn', 'aten'])
+def test_pvt_v2_conv_mlp_honours_hooks_on_its_conv(switch_kernels, kernel, hooked):
+    """A forward hook on the conv (or its official ``dwconv.dwconv`` wrapper) sees the conv's
+    own output, pre-GELU, as with the modules by hand: no fused call skips it."""
+    if kernel == 'onednn' and not ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    switch_kernels(required=False, cpu_gemm=kernel)
+    mlp = _conv_mlp(seed=8).eval()
+    seen = []
+    conv = mlp.get_submodule(hooked)
+    conv.register_forward_hook(lambda m, args, out: seen.append(out))
+    x = torch.randn(1, 5 * 6, 16)
+    with torch.no_grad():
+        out = mlp(x, (5, 6))
+        conv_out = conv(mlp.fc1(x), (5, 6))
+    assert len(seen) == 2  # the module's call, and the one above
+    torch.testing.assert_close(seen[0], conv_out)
+    torch.testing.assert_close(out, mlp.fc2(F.gelu(conv_out)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('mode', ['bilinear', 'bicubic', 'nearest'])

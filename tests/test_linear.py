@@ -246,63 +246,6 @@ def test_hooked_submodules_keep_their_hooks():
     assert seen == [torch.Size([4, 48])]
 
 
-@needs_onednn
-def test_pvt_v2_conv_mlp_trains_gelu_and_fc2_as_one_function():
-    """PVT v2's MLP (fc1 → depthwise conv → GELU → fc2): in training GELU and fc2 are one
-    ``_GeluLinear``; output and gradients equal the modules composed by hand."""
-    from mmeffvit.models.layers.pvt_block import ConvMlp
-    torch.manual_seed(5)
-    mlp = ConvMlp(16, 64).train()
-    x = torch.randn(2, 6 * 7, 16, requires_grad=True)
-    assert '_GeluLinearBackward' in _ops(lambda: mlp(x, (6, 7)).sum().backward())
-    out = mlp(x, (6, 7))
-    expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (6, 7))))
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    grad_out = torch.randn_like(out)
-    inputs = [x] + list(mlp.parameters())
-    for got, want in zip(torch.autograd.grad(out, inputs, grad_out),
-                         torch.autograd.grad(expected, inputs, grad_out)):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
-
-
-def _conv_mlp_inference(seed, hidden):
-    """PVT v2's ConvMlp (16 → hidden → 16) in inference on 2 × 9 × 11 tokens: the module, its
-    input, the operators one forward ran, its output and the modules composed by hand."""
-    from mmeffvit.models.layers.pvt_block import ConvMlp
-    torch.manual_seed(seed)
-    mlp = ConvMlp(16, hidden).eval()
-    x = torch.randn(2, 9 * 11, 16)
-    with torch.no_grad():
-        ops_seen = _ops(lambda: mlp(x, (9, 11)))
-        out = mlp(x, (9, 11))
-        expected = mlp.fc2(F.gelu(mlp.dwconv(mlp.fc1(x), (9, 11))))
-    return mlp, x, ops_seen, out, expected
-
-
-@pytest.mark.parametrize('kernel', ['onednn', 'aten'])
-def test_pvt_v2_conv_mlp_inference_fuses_gelu_into_the_conv_where_linears_run_onednn(
-        monkeypatch, switch_kernels, kernel):
-    """CPU inference with oneDNN's linears (the AVX-512 rule, forced here): the depthwise conv
-    and GELU are one oneDNN call; with MKL's linears (AVX2) the two stay apart. Either way the
-    output equals the modules composed by hand; training never takes the fused call."""
-    from mmeffvit.models.layers import depthwise_conv
-    if kernel == 'onednn' and not (depthwise_conv._ONEDNN_CONV_POINTWISE
-                                   and ONEDNN_LINEAR):
-        pytest.skip('this torch has no oneDNN pointwise kernels')
-    switch_kernels(required=False, cpu_gemm=kernel)
-    mlp, x, ops, out, expected = _conv_mlp_inference(seed=6, hidden=64)
-    with torch.no_grad():
-        conv = mlp.dwconv.dwconv  # the map layout too, against torch's conv
-        h = torch.randn(2, 64, 9, 11)
-        torch.testing.assert_close(conv.forward_gelu(h),
-                                   F.gelu(F.conv2d(h, conv.weight, conv.bias, padding=1,
-                                                   groups=64)), rtol=1e-5, atol=1e-6)
-    assert ('mkldnn::_convolution_pointwise' in ops) == (kernel == 'onednn')
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
-    mlp.train()
-    assert 'mkldnn::_convolution_pointwise' not in _ops(lambda: mlp(x.requires_grad_(), (9, 11)))
-
-
 def _residual_reference(x, norm, mlp):
     """``x + fc2(gelu(fc1(layer_norm(x))))`` written with torch's functional operators."""
     y = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
@@ -511,27 +454,3 @@ def test_onednn_attention_applies_in_cpu_inference_where_linears_run_onednn(swit
         assert not ops_linear.onednn_attention_applies(q, k, k, dropout=0.1)
         assert not ops_linear.onednn_attention_applies(q.double(), k.double(), k.double())
     assert not ops_linear.onednn_attention_applies(q.requires_grad_(), k, k)
-
-
-def test_pvt_v2_conv_mlp_inference_runs_the_compiled_conv3x3_gelu_on_large_maps(monkeypatch,
-                                                                                switch_kernels):
-    """Where the conv and GELU are fused (oneDNN's linears, forced here), a 3×3 conv on a map of
-    at least COMPILED_CONV3X3_GELU_MIN_ELEMENTS runs mmeffvit's compiled pass instead of oneDNN's
-    conv (lowered to 0 here); the output equals the modules composed by hand."""
-    from mmeffvit import ops
-    from mmeffvit.models.layers import depthwise_conv
-    if ops.load_ext() is None or not ONEDNN_LINEAR:
-        pytest.skip('needs mmeffvit._ext and oneDNN linears')
-    switch_kernels(required=False, cpu_gemm='onednn')
-    monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
-    calls = []
-    compiled = depthwise_conv.depthwise_conv3x3_gelu
-    monkeypatch.setattr(depthwise_conv, 'depthwise_conv3x3_gelu',
-                        lambda *args: calls.append(1) or compiled(*args))
-    mlp, x, ops_seen, out, expected = _conv_mlp_inference(seed=7, hidden=40)
-    assert calls and 'mkldnn::_convolution_pointwise' not in ops_seen
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    calls.clear()
-    mlp.train()
-    mlp(x.requires_grad_(), (9, 11))
-    assert not calls

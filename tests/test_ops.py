@@ -1,4 +1,6 @@
 """mmeffvit.ops: compiled operators against their PyTorch references, gradcheck, errors, models."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,8 @@ from mmeffvit.ops.policy import ONEDNN_LINEAR, from_environment
 from mmeffvit.ops import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref, focus_feature_map,
                           focus_feature_map_ref, focused_linear_attention,
                           focused_linear_attention_ref, linear_attention, linear_attention_ref)
+
+dw_ops = importlib.import_module('mmeffvit.ops.depthwise_conv')  # ops.depthwise_conv: the function
 
 needs_ext = pytest.mark.skipif(ops.load_ext() is None, reason='mmeffvit._ext is not built')
 needs_cuda = pytest.mark.skipif(
@@ -444,7 +448,7 @@ def test_depthwise_conv3x3_gelu_large_map_with_non_temporal_stores():
     weight = torch.randn(1024, 1, 3, 3, generator=g) * 0.3
     bias = torch.randn(1024, generator=g) * 0.1
     with torch.no_grad():
-        assert ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+        assert dw_ops.compiled_conv3x3_gelu_applies(x)
         out = depthwise_conv3x3_gelu(x, weight, bias, (64, 130))
     torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (64, 130)),
                                rtol=1e-6, atol=4e-6)
@@ -455,16 +459,16 @@ def test_depthwise_conv3x3_gelu_reference_path_where_the_pass_does_not_apply(mon
     # small maps, gradients or MMEFFVIT_OPS=0: F.conv2d + F.gelu, differentiable
     x = torch.randn(2, 4 * 5, 8, requires_grad=True)
     weight, bias = torch.randn(8, 1, 3, 3), torch.randn(8)
-    assert not ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+    assert not dw_ops.compiled_conv3x3_gelu_applies(x)
     out = depthwise_conv3x3_gelu(x, weight, bias, (4, 5))
     assert out.requires_grad
     torch.testing.assert_close(out, depthwise_conv3x3_gelu_ref(x, weight, bias, (4, 5)))
     torch.testing.assert_close(out.double(), conv3x3_gelu_float64(x, weight, bias, (4, 5)),
                                rtol=1e-6, atol=4e-6)
     switch_kernels.reference()
-    monkeypatch.setattr(ops.depthwise_conv, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
+    monkeypatch.setattr(dw_ops, 'COMPILED_CONV3X3_GELU_MIN_ELEMENTS', 0)
     with torch.no_grad():
-        assert not ops.depthwise_conv.compiled_conv3x3_gelu_applies(x)
+        assert not dw_ops.compiled_conv3x3_gelu_applies(x)
 
 
 @needs_ext

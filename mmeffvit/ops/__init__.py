@@ -10,8 +10,9 @@ Ops: :func:`focus_feature_map` (FLatten's focusing function), :func:`linear_atte
 attention on mapped features: FLatten's mean normaliser or L²ViT's clamped sum with temperature)
 and :func:`focused_linear_attention` (both in one operator on the token layout; on CPU one pass
 over cache-sized token blocks, on CUDA the two CUDA operators composed);
-:func:`depthwise_conv_weight_grad` (the weight gradient of a stride-1 depthwise conv on
-channels-last token maps, CPU); :func:`depthwise_conv3x3_gelu` (PVT v2's 3×3 depthwise conv and
+:func:`depthwise_conv` (a stride-1 depthwise conv on channels-last token maps, GELU
+optionally after it; the kernel chosen inside), :func:`depthwise_conv_weight_grad` (its weight
+gradient on the CPU); :func:`depthwise_conv3x3_gelu` (PVT v2's 3×3 depthwise conv and
 GELU in one pass, CPU inference); :func:`window_attention` (softmax attention in small windows,
 heads merged, CPU inference) and :func:`gathered_window_attention` (the same with each window's
 keys read from a shared bank through an index: Focal attention); :func:`linear` (the CPU
@@ -19,7 +20,7 @@ linears on oneDNN's or ATen's GEMM with the bias fused, the policy's choice), :f
 and :func:`mlp` (a transformer MLP that stores its pre-activation only in training),
 :func:`split_heads` (a fused projection's per-head views, whose backward may write over it).
 """
-from .depthwise_conv import (depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
+from .depthwise_conv import (depthwise_conv, depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
                              depthwise_conv_weight_grad, depthwise_conv_weight_grad_ref)
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
@@ -31,8 +32,8 @@ from .window_attention import (gathered_window_attention, gathered_window_attent
                                window_attention, window_attention_ref)
 
 __all__ = [
-    'depthwise_conv3x3_gelu', 'depthwise_conv3x3_gelu_ref', 'depthwise_conv_weight_grad',
-    'depthwise_conv_weight_grad_ref',
+    'depthwise_conv', 'depthwise_conv3x3_gelu', 'depthwise_conv3x3_gelu_ref',
+    'depthwise_conv_weight_grad', 'depthwise_conv_weight_grad_ref',
     'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
     'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
     'gelu_linear', 'get_ext', 'linear', 'load_ext', 'mlp', 'ops_mode', 'split_heads',

@@ -6,10 +6,11 @@ from mmengine.model import BaseModule
 from torch.autograd.function import once_differentiable
 
 from ... import ops
+from ...ops.depthwise_conv import depthwise_conv_grads
 from ...ops.focused_linear_attention import EPS, FOCUS_EPS
 from ...ops.linear import fused_linear, graph_kept, needs_grad, onednn_applies
 from ...utils import TokenGridResizeCache
-from .depthwise_conv import DepthwiseConv2d, depthwise_conv_grads
+from .depthwise_conv import DepthwiseConv2d
 from .linear import Linear, _without_hooks
 from .spatial_reduction_attention import SpatialReductionMixin
 

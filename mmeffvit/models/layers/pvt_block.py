@@ -2,6 +2,7 @@
 import torch.nn as nn
 from timm.layers import DropPath
 
+from ... import ops
 from .depthwise_conv import DepthwiseConv2d
 from .focused_linear_attention import FocusedLinearAttention
 from .linear import Linear, Mlp, _without_hooks, gelu_linear, mlp_residual
@@ -39,9 +40,11 @@ class ConvMlp(nn.Module):
     def forward(self, x, hw_shape):
         exact_gelu = type(self.act) is nn.GELU and self.act.approximate == 'none'
         x = self.fc1(x)
-        if exact_gelu and self.dwconv.dwconv.gelu_applies(x) and _without_hooks(self.dwconv):
-            # CPU inference on AVX-512: conv and GELU one pass (DepthwiseConv2d.forward_gelu)
-            return self.drop(self.fc2(self.dwconv.dwconv.forward_gelu(x, hw_shape)))
+        conv = self.dwconv.dwconv
+        if exact_gelu and not self.training and _without_hooks(self.dwconv, conv):
+            # conv and GELU one call: one pass where the kernels allow (ops.depthwise_conv)
+            x = ops.depthwise_conv(x, conv.weight, conv.bias, hw_shape, conv.padding, act='gelu')
+            return self.drop(self.fc2(x))
         x = self.dwconv(x, hw_shape)
         if exact_gelu and (self.drop.p == 0 or not self.training):
             # GELU and fc2 one Function in training; x, the conv's output, is held by nobody else
