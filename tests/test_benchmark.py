@@ -262,8 +262,8 @@ def test_quick_run_end_to_end(tmp_path):
     assert set(gemm['kernel_times']) == {'torch.mm'} | ({'oneDNN'} if ONEDNN_LINEAR else set())
     assert min(gemm['times']) == min(min(t) for t in gemm['kernel_times'].values())
     # which GEMM mmeffvit's linears ran on depends on the CPU: the report says it
-    from mmeffvit.models.layers.linear import choose_linear_kernel
-    assert data['machine']['linear_kernel'] == choose_linear_kernel()
+    from mmeffvit.ops.policy import policy
+    assert data['machine']['linear_kernel'] == policy().cpu_gemm
     assert data['machine']['cpu_capability'] in md and "mmeffvit's linear layers on" in md
 
     # the table shows these numbers: params, GMACs, ratio to the peer

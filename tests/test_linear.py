@@ -10,7 +10,7 @@ from torch.profiler import profile
 
 from mmeffvit.models.layers import Linear, Mlp
 from mmeffvit.models.layers import linear as linear_module
-from mmeffvit.ops.policy import ONEDNN_LINEAR
+from mmeffvit.ops.policy import ONEDNN_LINEAR, choose_cpu_gemm
 from mmeffvit.utils import split_heads
 
 ops_linear = importlib.import_module('mmeffvit.ops.linear')  # the function ops.linear shadows it
@@ -33,7 +33,7 @@ def _pair(dims=48, hidden=192):
 @pytest.fixture
 def onednn_kernel(monkeypatch, switch_kernels):
     """The fused path on oneDNN's kernel, whichever this CPU would choose (see
-    ``choose_linear_kernel``)."""
+    ``mmeffvit.ops.policy.choose_cpu_gemm``)."""
     if not ONEDNN_LINEAR:
         pytest.skip('torch without oneDNN linear')
     switch_kernels(required=False, cpu_gemm='onednn')
@@ -265,16 +265,16 @@ def _residual_case(tokens=300, dims=24, hidden=96):
 @needs_onednn
 def test_mlp_residual_runs_in_place_in_row_blocks_and_equals_the_plain_expression(monkeypatch):
     x, norm, mlp = _residual_case()
-    monkeypatch.setattr(linear_module, '_MLP_BLOCKED_MIN_ELEMENTS', 1000)
-    monkeypatch.setattr(linear_module, '_MLP_BLOCK_ELEMENTS', 96 * 128)  # 128 rows per block
+    monkeypatch.setattr(ops_linear, '_MLP_BLOCKED_MIN_ELEMENTS', 1000)
+    monkeypatch.setattr(ops_linear, '_MLP_BLOCK_ELEMENTS', 96 * 128)  # 128 rows per block
     rows_seen = []
-    fused = linear_module.fused_linear
+    fused = ops_linear.fused_linear
 
     def spy(inp, weight, bias, activation='none'):
         rows_seen.append(inp.shape[0])
         return fused(inp, weight, bias, activation)
 
-    monkeypatch.setattr(linear_module, 'fused_linear', spy)
+    monkeypatch.setattr(ops_linear, 'fused_linear', spy)
     expected = _residual_reference(x, norm, mlp)
     owned = x.clone()
     with torch.no_grad():
@@ -291,7 +291,7 @@ def test_mlp_residual_runs_in_place_in_row_blocks_and_equals_the_plain_expressio
 def test_mlp_residual_is_the_plain_expression_where_blocks_do_not_apply(monkeypatch, case):
     from timm.layers import DropPath
     x, norm, mlp = _residual_case()
-    monkeypatch.setattr(linear_module, '_MLP_BLOCKED_MIN_ELEMENTS',
+    monkeypatch.setattr(ops_linear, '_MLP_BLOCKED_MIN_ELEMENTS',
                         10**9 if case == 'small map' else 1000)
     drop_path, owned, grad = torch.nn.Identity(), case != 'not owned', case == 'grad'
     if case == 'training':
@@ -396,7 +396,7 @@ def test_input_gradient_runs_onednn_and_equals_torchs():
 
 def test_unknown_linear_kernel_override_is_an_error():
     with pytest.raises(ValueError, match='MMEFFVIT_LINEAR_KERNEL'):
-        linear_module.choose_linear_kernel('AVX2', 'mkl')
+        choose_cpu_gemm('AVX2', 'mkl')
 
 
 def test_aten_kernel_runs_torchs_linear_and_matches(monkeypatch, switch_kernels):

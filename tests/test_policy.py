@@ -50,9 +50,7 @@ def test_forced_gemm(forced, kernel_gemm):
     assert (p.cpu_gemm, p.cpu_gemm_forced, p.kernel_gemm) == (forced, True, kernel_gemm)
     with use_kernels(required=False, cpu_gemm=forced):  # the same choice for a block
         assert (policy().cpu_gemm, policy().kernel_gemm) == (forced, kernel_gemm)
-        from mmeffvit.models.layers import linear
-        assert linear.choose_linear_kernel() == forced  # the layers' reader delegates
-        assert linear.choose_linear_kernel('AVX2') == forced  # the choice wins over the ISA
+        assert policy_module.choose_cpu_gemm('AVX2', forced) == forced  # wins over the ISA
 
 
 @pytest.mark.parametrize('name, value', [('MMEFFVIT_OPS', '2'), ('MMEFFVIT_LINEAR_KERNEL', 'mkl'),

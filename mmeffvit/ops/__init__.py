@@ -18,6 +18,8 @@ heads merged, CPU inference) and :func:`gathered_window_attention` (the same wit
 keys read from a shared bank through an index: Focal attention); :func:`linear` (the CPU
 linears on oneDNN's or ATen's GEMM with the bias fused, the policy's choice), :func:`gelu_linear`
 and :func:`mlp` (a transformer MLP that stores its pre-activation only in training),
+:func:`mlp_residual` (a block's pre-norm MLP half, in place by row blocks in CPU inference),
+:func:`layer_norm` (``F.layer_norm``, optionally in fp32 under autocast),
 :func:`split_heads` (a fused projection's per-head views, whose backward may write over it).
 """
 from .depthwise_conv import (depthwise_conv, depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
@@ -25,7 +27,8 @@ from .depthwise_conv import (depthwise_conv, depthwise_conv3x3_gelu, depthwise_c
 from .ext_loader import get_ext, load_ext, ops_mode
 from .focus import focus_feature_map, focus_feature_map_ref
 from .focused_linear_attention import focused_linear_attention, focused_linear_attention_ref
-from .linear import gelu_linear, linear, mlp, split_heads
+from .linear import gelu_linear, linear, mlp, mlp_residual, split_heads
+from .norm import layer_norm
 from .linear_attention import linear_attention, linear_attention_ref
 from .policy import KernelPolicy, use_kernels, use_reference
 from .window_attention import (gathered_window_attention, gathered_window_attention_ref,
@@ -36,7 +39,8 @@ __all__ = [
     'depthwise_conv_weight_grad', 'depthwise_conv_weight_grad_ref',
     'focus_feature_map', 'focus_feature_map_ref', 'focused_linear_attention',
     'focused_linear_attention_ref', 'linear_attention', 'linear_attention_ref',
-    'gelu_linear', 'get_ext', 'linear', 'load_ext', 'mlp', 'ops_mode', 'split_heads',
+    'gelu_linear', 'get_ext', 'layer_norm', 'linear', 'load_ext', 'mlp', 'mlp_residual',
+    'ops_mode', 'split_heads',
     'window_attention',
     'window_attention_ref',
     'gathered_window_attention', 'gathered_window_attention_ref', 'KernelPolicy', 'use_kernels',

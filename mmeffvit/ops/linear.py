@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..utils.tensor import split_heads as _plain_split_heads
+from .norm import layer_norm
 from .policy import ONEDNN_LINEAR, policy
 
 
@@ -234,6 +235,49 @@ def mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
         hidden = linear(x, fc1_weight, fc1_bias)
         return _GeluLinear.apply(hidden, fc2_weight, fc2_bias, True)
     return linear(F.gelu(linear(x, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
+
+
+# CPU inference of a pre-norm MLP residual (mlp_residual): a map whose (N, hidden) activation has
+# at least _MLP_BLOCKED_MIN_ELEMENTS runs in blocks of rows of _MLP_BLOCK_ELEMENTS hidden values
+# (an 8 MiB block stays in the L3 cache between fc1 and fc2, and no fresh (N, hidden) map is
+# faulted in); smaller maps run whole, where the shorter GEMMs of blocks cost more than they save
+_MLP_BLOCKED_MIN_ELEMENTS = 1 << 23
+_MLP_BLOCK_ELEMENTS = 1 << 21
+
+
+def mlp_residual(x, norm_weight, norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
+                 norm_eps=1e-5, owned=False, norm_fp32=False):
+    """``x + fc2(gelu(fc1(layer_norm(x))))`` (exact GELU): the pre-norm MLP half of a
+    transformer block in inference, or wherever nothing (dropout, drop path) acts between.
+
+    ``owned`` (the caller made ``x`` and nothing else holds it): in CPU inference on the fused
+    kernel and on a large map it runs in place on ``x``, one block of rows at a time:
+    LayerNorm, fc1 + GELU, fc2, add. No ``(N, hidden)`` map is allocated, which lowers the
+    inference allocation peak of the families whose peak lies in an MLP, and is faster under
+    glibc's default malloc (the whole map would be faulted in fresh); equal in time when freed
+    memory is retained (``mmeffvit.utils.allocator``). Figures: ``docs/ops.md``. Elsewhere
+    :func:`layer_norm` (``norm_fp32``: the norm's fp32 rule under autocast) and :func:`mlp`.
+    Equal either way: the same kernels on the same rows."""
+    if owned and _mlp_blocks_apply(x, norm_weight, norm_bias, fc1_weight, fc1_bias, fc2_weight,
+                                   fc2_bias):
+        x_2d = x.view(-1, x.shape[-1])
+        step = max(64, _MLP_BLOCK_ELEMENTS // fc1_weight.shape[0])
+        for start in range(0, len(x_2d), step):
+            rows = x_2d[start:start + step]
+            normed = F.layer_norm(rows, rows.shape[-1:], norm_weight, norm_bias, norm_eps)
+            rows.add_(fused_linear(fused_linear(normed, fc1_weight, fc1_bias, 'gelu'),
+                                   fc2_weight, fc2_bias))
+        return x
+    normed = layer_norm(x, x.shape[-1:], norm_weight, norm_bias, norm_eps, fp32=norm_fp32)
+    return x + mlp(normed, fc1_weight, fc1_bias, fc2_weight, fc2_bias)
+
+
+def _mlp_blocks_apply(x, norm_weight, norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
+    return (x.is_contiguous() and x.dim() >= 2 and x.shape[-1] == fc1_weight.shape[1]
+            and x.numel() // x.shape[-1] * fc1_weight.shape[0] >= _MLP_BLOCKED_MIN_ELEMENTS
+            and onednn_applies(x, fc1_weight) and fc2_weight.dtype == torch.float32
+            and not needs_grad(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, norm_weight,
+                               norm_bias))
 
 
 def onednn_attention_applies(q, k, v, dropout=0.) -> bool:

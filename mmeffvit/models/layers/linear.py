@@ -7,38 +7,28 @@ and where it applies: :mod:`mmeffvit.ops.linear`.
 GELU and ``fc2`` store the pre-activation only and the backward writes its input gradient over
 it instead of into a fresh tensor.
 
-:func:`mlp_residual` is a block's ``x + mlp(norm(x))``, which in CPU inference runs in blocks of
-rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map.
+:func:`mlp_residual` is a block's ``x + mlp(norm(x))``, which in CPU inference may run in blocks
+of rows on the block's own ``x`` instead of through a whole ``(N, 4C)`` hidden map
+(:func:`mmeffvit.ops.mlp_residual`).
 
 :func:`project_heads` is a fused projection (``qkv``, ``kv``) split into per-head views, whose
 backward writes the parts' gradients over the spent projection.
 
 On a CPU without AVX-512 the same functions run MKL's GEMM instead of oneDNN's, which is slower
-there (:func:`choose_linear_kernel`); the memory savings of the autograd functions stay.
+there (:func:`mmeffvit.ops.policy.choose_cpu_gemm`); the memory savings of the autograd
+functions stay.
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp as _TimmMlp
 
-from ...ops.linear import fused_linear, linear, needs_grad, onednn_applies
 from ...ops.linear import gelu_linear as ops_gelu_linear
+from ...ops.linear import linear
 from ...ops.linear import mlp as ops_mlp
+from ...ops.linear import mlp_residual as ops_mlp_residual
 from ...ops.linear import split_heads as ops_split_heads
-from ...ops.policy import choose_cpu_gemm, policy
 from .norm import LayerNormFP32
-
-
-def choose_linear_kernel(capability=None, override=None) -> str:
-    """The GEMM behind the fused path: ``'onednn'`` (``mkldnn::_linear_pointwise``) or
-    ``'aten'`` (``F.linear``, MKL's GEMM; GELU in place after it).
-
-    oneDNN's fp32 kernels beat MKL's GEMM on an AVX-512 CPU, not on an AVX2-only one (whole
-    backbones measured both ways: ``docs/ops.md``). ``MMEFFVIT_LINEAR_KERNEL`` overrides."""
-    current = policy()  # MMEFFVIT_LINEAR_KERNEL and the ISA, read in mmeffvit.ops.policy
-    if override is None:
-        override = current.cpu_gemm if current.cpu_gemm_forced else ''
-    return choose_cpu_gemm(capability or current.cpu_capability, override)
 
 
 def gelu_linear(x, fc, owned=False):
@@ -66,59 +56,34 @@ def split_owned_heads(projected, parts, num_heads):
     return ops_split_heads(projected, parts, num_heads, owned=True)
 
 
-# CPU inference of a pre-norm MLP residual (mlp_residual): a map whose (N, hidden) activation has
-# at least _MLP_BLOCKED_MIN_ELEMENTS runs in blocks of rows of _MLP_BLOCK_ELEMENTS hidden values
-# (an 8 MiB block stays in the L3 cache between fc1 and fc2, and no fresh (N, hidden) map is faulted
-# in); smaller maps run whole, where the shorter GEMMs of blocks cost more than they save
-_MLP_BLOCKED_MIN_ELEMENTS = 1 << 23
-_MLP_BLOCK_ELEMENTS = 1 << 21
-
-
 def mlp_residual(x, norm, mlp, drop_path=None, owned=False):
     """``x + drop_path(mlp(norm(x)))``: the pre-norm MLP half of a transformer block.
 
-    With ``owned`` (the caller made ``x`` and nothing else holds it), in CPU inference (the
-    fused kernels apply, nothing needs a gradient, no hooks, exact GELU, a plain LayerNorm) and
-    on a large map, it runs in place on ``x``, one block of rows at a time: LayerNorm, fc1 +
-    GELU, fc2, add. No ``(N, hidden)`` map is allocated, which lowers the inference
-    allocation peak of the families whose peak lies in an MLP, and is faster under glibc's
-    default malloc (the whole map would be faulted in fresh); equal in time when freed memory is
-    retained (:mod:`mmeffvit.utils.allocator`, as ``tools/test.py``). Figures: ``docs/ops.md``.
-    Equal to the plain expression: the same kernels on the same rows.
-    """
-    if owned and _mlp_blocks_apply(x, norm, mlp, drop_path):
-        return _mlp_residual_blocks_(x, norm, mlp)
+    Where the modules are the plain ones in inference (an unhooked :class:`Mlp` with exact GELU
+    and no hidden norm, a LayerNorm, an inactive drop path), the weights go to
+    :func:`mmeffvit.ops.mlp_residual`, which with ``owned`` (the caller made ``x`` and nothing
+    else holds it) may run in place on ``x`` in blocks of rows; otherwise the modules' calls.
+    Same values either way."""
+    if owned and _plain_in_inference(x, norm, mlp, drop_path):
+        fc1, fc2 = mlp.fc1, mlp.fc2
+        return ops_mlp_residual(x, norm.weight, norm.bias, fc1.weight, fc1.bias, fc2.weight,
+                                fc2.bias, norm_eps=norm.eps, owned=True,
+                                norm_fp32=type(norm) is LayerNormFP32)
     y = mlp(norm(x))
     return x + (y if drop_path is None else drop_path(y))
 
 
-def _mlp_blocks_apply(x, norm, mlp, drop_path):
+def _plain_in_inference(x, norm, mlp, drop_path):
+    """Whether ``mlp(norm(x))`` is ``fc2(gelu(fc1(layer_norm(x))))`` with nothing between
+    and nothing hooked, and the drop path is the identity."""
     if not (type(mlp) is Mlp and not mlp.training and mlp._plain()
             and mlp._exact_gelu_without_norm() and type(norm) in (nn.LayerNorm, LayerNormFP32)
+            and tuple(norm.normalized_shape) == tuple(x.shape[-1:])
             and _without_hooks(mlp, norm)):
         return False
-    if drop_path is not None and not (
-            (isinstance(drop_path, nn.Identity) or not drop_path.training)
-            and _without_hooks(drop_path)):
-        return False
-    fc1, fc2 = mlp.fc1, mlp.fc2
-    return (x.is_contiguous() and x.dim() >= 2 and x.shape[-1] == fc1.in_features
-            and x.numel() // x.shape[-1] * fc1.out_features >= _MLP_BLOCKED_MIN_ELEMENTS
-            and onednn_applies(x, fc1.weight) and fc2.weight.dtype == torch.float32
-            and not needs_grad(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, norm.weight,
-                               norm.bias))
-
-
-def _mlp_residual_blocks_(x, norm, mlp):
-    fc1, fc2 = mlp.fc1, mlp.fc2
-    x_2d = x.view(-1, x.shape[-1])
-    step = max(64, _MLP_BLOCK_ELEMENTS // fc1.out_features)
-    for start in range(0, len(x_2d), step):
-        rows = x_2d[start:start + step]
-        normed = F.layer_norm(rows, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        rows.add_(fused_linear(fused_linear(normed, fc1.weight, fc1.bias, 'gelu'), fc2.weight,
-                               fc2.bias))
-    return x
+    return drop_path is None or (
+        (isinstance(drop_path, nn.Identity) or not drop_path.training)
+        and _without_hooks(drop_path))
 
 
 def _without_hooks(*modules):

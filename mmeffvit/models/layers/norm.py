@@ -1,9 +1,7 @@
 """LayerNorm that stays in fp32 under autocast on every device."""
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ...utils import at_least_fp32
+from ...ops.norm import layer_norm
 
 
 class LayerNormFP32(nn.LayerNorm):
@@ -20,10 +18,4 @@ class LayerNormFP32(nn.LayerNorm):
     """
 
     def forward(self, x):
-        if not torch.is_autocast_enabled(x.device.type):
-            return super().forward(x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            x = at_least_fp32(x)
-            weight = None if self.weight is None else self.weight.to(x.dtype)
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, fp32=True)
