@@ -1,11 +1,14 @@
 """FocusedLinearAttention against an independent, explicit N×N computation."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mmeffvit.models.layers import FocusedLinearAttention
-from mmeffvit.models.layers import focused_linear_attention as fla_module
 from mmeffvit.ops import load_ext
+
+qkv_ops = importlib.import_module('mmeffvit.ops.focused_qkv_attention')  # shadowed in ops
 
 
 def naive_flatten(attn, x, hw):
@@ -165,6 +168,14 @@ def _run(attn, x, grad, retain=False):
     return out, torch.autograd.grad(out, tensors, grad, retain_graph=retain)
 
 
+def _count(monkeypatch, owner, name):
+    """Calls of ``owner.name`` from now on (the fused paths of ops.focused_qkv_attention)."""
+    calls = []
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args: calls.append(1) or original(*args))
+    return calls
+
+
 @pytest.mark.skipif(load_ext() is None, reason='mmeffvit._ext not built')
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('batch,with_pe', [(1, True), (2, True), (2, False)])
@@ -172,17 +183,13 @@ def test_fused_qkv_training_path_matches_the_pytorch_reference(dtype, batch, wit
                                                                monkeypatch, switch_kernels):
     attn, x = _fused_case(dtype, batch, with_pe)
     grad = torch.randn(batch, 42, 24, dtype=dtype)
+    calls = _count(monkeypatch, qkv_ops._QKVFocusedAttention, 'apply')
     switch_kernels.reference()  # the reference: PyTorch FLA, torch's conv
-    assert not attn._qkv_training_fused(x)
     ref_out, ref_grads = _run(attn, x, grad)
+    assert not calls
     switch_kernels()
-    assert attn._qkv_training_fused(x) == (dtype == torch.float32)  # oneDNN's path: fp32 only
-    calls = []
-    original = fla_module._QKVFocusedAttention.apply
-    monkeypatch.setattr(fla_module._QKVFocusedAttention, 'apply',
-                        lambda *args: calls.append(1) or original(*args))
     out, grads = _run(attn, x, grad)
-    assert len(calls) == (dtype == torch.float32)
+    assert len(calls) == (dtype == torch.float32)  # oneDNN's path: fp32 only
     tol = dict(rtol=2e-4, atol=2e-5) if dtype == torch.float32 else {}
     torch.testing.assert_close(out, ref_out, **tol)
     names = ['x'] + [n for n, _ in attn.named_parameters()]
@@ -209,15 +216,12 @@ def test_fused_qkv_inference_path_matches_the_reference_and_the_naive_form(batch
     attn, x = _fused_case(torch.float32, batch, with_pe)
     x = x.detach()
     attn.eval()
+    calls = _count(monkeypatch, qkv_ops, '_split_projection_inference')
     switch_kernels.reference()  # the reference: PyTorch FLA, torch's conv
     with torch.no_grad():
-        assert not attn._qkv_inference_fused(x)
         ref = attn(x, (6, 7))
+    assert not calls
     switch_kernels()
-    calls = []
-    original = attn._attend_qkv_inference
-    monkeypatch.setattr(attn, '_attend_qkv_inference',
-                        lambda *args: calls.append(1) or original(*args))
     with torch.no_grad():
         out = attn(x, (6, 7))
     assert calls == [1]
@@ -232,12 +236,17 @@ def test_fused_qkv_inference_path_is_not_taken_with_grad_or_hooks(monkeypatch, s
     switch_kernels()
     attn, x = _fused_case(torch.float32, 1, True)
     attn.eval()
-    assert not attn._qkv_inference_fused(x)  # x needs a gradient
+    inference = _count(monkeypatch, qkv_ops, '_split_projection_inference')
+    training = _count(monkeypatch, qkv_ops._QKVFocusedAttention, 'apply')
+    attn(x, (6, 7))  # x needs a gradient
     x = x.detach()
-    assert not attn._qkv_inference_fused(x)  # the parameters need gradients
+    attn(x, (6, 7))  # the parameters need gradients
+    assert not inference and len(training) == 2
     with torch.no_grad():
-        assert attn._qkv_inference_fused(x)
+        attn(x, (6, 7))
+        assert inference == [1]
         handle = attn.dwc.register_forward_hook(lambda *args: None)
-        assert not attn._qkv_inference_fused(x)
+        attn(x, (6, 7))  # the hooked conv runs as a module
         handle.remove()
-        assert not attn._qkv_inference_fused(x.double())
+        attn.double()(x.double(), (6, 7))  # fp64: the composed operators
+    assert inference == [1] and len(training) == 2

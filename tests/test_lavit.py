@@ -321,7 +321,7 @@ def test_score_attention_saves_the_scores_not_the_probabilities(use_probs):
     backward recomputes it from the row log-sum-exp); output and gradients equal the plain
     softmax and matmul, also when the returned probabilities feed a loss (the LA layers'
     L_DP)."""
-    from mmeffvit.models.layers.less_attention import _SoftmaxValues, masked_softmax
+    from mmeffvit.ops.attention import _SoftmaxValues, masked_softmax
     torch.manual_seed(0)
     scores = (torch.randn(2, 3, 40, 12) * 4).requires_grad_()
     v = torch.randn(2, 3, 12, 8, requires_grad=True)
@@ -435,7 +435,6 @@ def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, switc
     blocks (no flash kernel runs), outputs equal to torch's SDPA path."""
     from torch.profiler import profile
 
-    from mmeffvit.models.layers import less_attention
     from mmeffvit.ops.policy import ONEDNN_LINEAR
     if not ONEDNN_LINEAR:
         pytest.skip('this torch has no oneDNN linear kernel')
@@ -448,7 +447,7 @@ def test_inference_attention_on_onednn_row_blocks_equals_sdpa(monkeypatch, switc
     with torch.no_grad():
         with profile() as prof:
             outs = model(x)
-        monkeypatch.setattr(less_attention, 'onednn_attention_applies', lambda *a, **k: False)
+        switch_kernels(required=False, cpu_gemm='aten')  # SDPA: the row blocks need oneDNN's
         ref = model(x)
     assert not any('flash' in e.key for e in prof.key_averages())
     for a, b in zip(outs, ref):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from mmeffvit.models import AttentionResidualDownsample, LaViT
-from mmeffvit.models.layers.attention_residual import query_grid_conv_reference
+from mmeffvit.ops import query_grid_conv_reference
 from mmeffvit.models.layers.less_attention import FactoredScores, VanillaAttention
 
 # (in_heads, out_heads, kernel, stride, key_stride, query grid, key grid)
@@ -171,14 +171,15 @@ def test_vanilla_attention_without_scores_equals_explicit_scores(with_mask):
 def test_vanilla_attention_inference_blocks_equal_the_full_maps(monkeypatch, dtype):
     """Without probabilities, inference makes scores, softmax and output by blocks of query
     rows (here 5 rows a block, the last one shorter): the same scores and output."""
-    from mmeffvit.models.layers import less_attention
+    import importlib
+    attention_ops = importlib.import_module('mmeffvit.ops.attention')
     torch.manual_seed(0)
     va = VanillaAttention(16, 2, sr_ratio=2).to(dtype).eval()
     x = torch.randn(3, 6 * 8, 16, dtype=dtype)
     residual = torch.randn(3, 2, 48, 12, dtype=dtype)
     # equal up to the summation order of GEMMs of other shapes
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
-    monkeypatch.setattr(less_attention, '_SCORE_BLOCK_ELEMENTS', 3 * 2 * 12 * 5)
+    monkeypatch.setattr(attention_ops, '_SCORE_BLOCK_ELEMENTS', 3 * 2 * 12 * 5)
     for res in (None, residual, residual[:1, :, :, :1]):
         with torch.no_grad():
             out, scores, probs, _ = va(x, (6, 8), res, need_probs=False)

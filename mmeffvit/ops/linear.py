@@ -280,40 +280,6 @@ def _mlp_blocks_apply(x, norm_weight, norm_bias, fc1_weight, fc1_bias, fc2_weigh
                                norm_bias))
 
 
-def onednn_attention_applies(q, k, v, dropout=0.) -> bool:
-    """Whether :func:`onednn_attention` replaces ``F.scaled_dot_product_attention`` (no mask):
-    CPU fp32 inference where the linears run oneDNN (AVX-512). torch's CPU flash kernel runs its
-    blocks on MKL's GEMM, slower there than oneDNN's on LaViT's global attention
-    (``docs/ops.md``, attention)."""
-    return (onednn_gemm() and dropout == 0. and q.dim() == 4
-            and all(onednn_inference(t, k) for t in (q, v)) and q.shape[-1] == k.shape[-1]
-            and k.shape[-2] == v.shape[-2])
-
-
-def onednn_attention(q, k, v, scale, out=None):
-    """``softmax(scale · q kᵀ) v`` for ``(B, H, N, d)`` queries and ``(B, H, M, d | d_v)`` keys
-    and values, by blocks of query rows whose ``(rows, M)`` scores stay in cache (1 M elements,
-    the fastest of the block sizes measured): two oneDNN GEMMs and a softmax each; no
-    ``N × M`` map is written. ``out``: an optional ``(B, H, N, d_v)`` tensor or view (any
-    strides) written and returned."""
-    b, h, n, _ = q.shape
-    m, width = k.shape[-2], v.shape[-1]
-    out = q.new_empty(b, h, n, width) if out is None else out
-    rows = max(1, (1 << 20) // m)
-    # contiguous heads in one pass each (a strided head, e.g. a view into a qkv projection,
-    # slows each of oneDNN's calls down more than the copy costs)
-    query = (q if scale == 1 and q.is_contiguous()
-             else torch.mul(q, scale, out=q.new_empty(q.shape)))
-    key, value_t = k.contiguous(), v.transpose(-1, -2).contiguous()
-    for i in range(b):
-        for j in range(h):
-            for start in range(0, n, rows):
-                scores = fused_linear(query[i, j, start:start + rows], key[i, j], None)
-                probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-                out[i, j, start:start + rows] = fused_linear(probs, value_t[i, j], None)
-    return out
-
-
 class _SplitHeadsOverSpent(torch.autograd.Function):
     """:func:`mmeffvit.utils.split_heads` of a projection's output that nothing else holds,
     whose backward writes the parts' gradients over that output instead of stacking them into

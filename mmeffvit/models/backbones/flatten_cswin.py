@@ -5,7 +5,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
-from ...ops.linear import onednn_attention, onednn_attention_applies
+from ... import ops
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
@@ -55,10 +55,10 @@ class LePEAttention(nn.Module):
     the attention output.
 
     Any ``H×W``: the map is zero-padded at the bottom/right to a multiple of the stripe width where
-    stripes need it, padded keys are masked out of the softmax (in CPU fp32 inference on oneDNN
-    the padded stripe attends its real tokens only, :meth:`_attend_real_tokens`) and the output
-    is cropped. Because padded v is zero too, a real token's output is exactly what a shorter
-    last stripe (with the conv's own zero padding at its edge) gives;
+    stripes need it, padded keys are ignored by the softmax (:func:`mmeffvit.ops.attention` with
+    the stripes' real tokens, :meth:`valid_tokens`) and the output is cropped. Because padded v
+    is zero too, a real token's output is exactly what a shorter last stripe (with the conv's
+    own zero padding at its edge) gives;
     ``tests/test_flatten_cswin.py`` checks this against an unpadded, stripe-by-stripe reference.
 
     Args:
@@ -91,10 +91,10 @@ class LePEAttention(nn.Module):
             return h, w
         return (h, self.split_size) if self.idx == 0 else (self.split_size, w)
 
-    def padding_mask(self, hw, dtype, device):
-        """Additive mask ``(nW, 1, 1, n)`` hiding the padded keys of each stripe (None when the
-        map needs no padding), cached per geometry; every stripe starts inside the map, so each
-        row keeps at least one real key."""
+    def valid_tokens(self, hw, device):
+        """``(nW, n)`` bool, True at the real tokens of each stripe window of an image (None
+        when the map needs no padding), cached per geometry; every stripe starts inside the
+        map, so each keeps at least one real token."""
         h, w = hw
         wh, ww = self.window_shape(hw)
         pad_h, pad_w = (-h) % wh, (-w) % ww
@@ -105,57 +105,14 @@ class LePEAttention(nn.Module):
             real = torch.zeros(h + pad_h, w + pad_w, dtype=torch.bool, device=device)
             real[:h, :w] = True
             real = real.reshape((h + pad_h) // wh, wh, (w + pad_w) // ww, ww)
-            real = real.permute(0, 2, 1, 3).reshape(-1, 1, 1, wh * ww)
-            mask = torch.zeros(real.shape, dtype=dtype, device=device)
-            return mask.masked_fill_(~real, float('-inf'))
-        return self._cached((h, w, dtype, device, torch.is_inference_mode_enabled()), build)
-
-    def _cached(self, key, build):
-        """``build()``, kept per key in the run-time cache (at most 8 geometries)."""
+            return real.permute(0, 2, 1, 3).reshape(-1, wh * ww)
+        # inference tensors must not reach a recorded graph: one entry per mode
+        key = (h, w, device, torch.is_inference_mode_enabled())
         if key not in self._mask_cache:
             if len(self._mask_cache) >= 8:
                 self._mask_cache.clear()
             self._mask_cache[key] = build()
         return self._mask_cache[key]
-
-    def real_tokens(self, hw, device):
-        """Row-major positions of the real tokens in a padded stripe window (None when the map
-        needs no padding), cached per geometry. A stripe spans the map's other side, so only
-        the last stripe of each image is padded, and all alike."""
-        wh, ww = self.window_shape(hw)
-        real_h, real_w = wh - (-hw[0]) % wh, ww - (-hw[1]) % ww
-        if (real_h, real_w) == (wh, ww):
-            return None
-
-        def build():
-            real = torch.zeros(wh, ww, dtype=torch.bool, device=device)
-            real[:real_h, :real_w] = True
-            return real.flatten().nonzero().squeeze(1)
-        return self._cached(('real', *hw, device), build)
-
-    def _attend_real_tokens(self, q, k, v, hw, batch):
-        """:func:`onednn_attention` (CPU fp32 inference where the linears run oneDNN) of
-        ``(B', nh, n, d)`` stripes: each image's unpadded stripes as they are, its last, padded
-        stripe on its real tokens only, so no mask is added and no padded query is attended
-        (faster than masked SDPA on FLatten-CSWin-T's stripes, ``docs/ops.md``). Returns
-        ``(B', n, nh, d)``, padded rows zero."""
-        windows, nh, n, d = q.shape
-        att = q.new_empty(windows, n, nh, v.shape[-1])
-        att_heads = att.transpose(1, 2)
-        real = self.real_tokens(hw, q.device)
-        if real is None:
-            onednn_attention(q, k, v, self.scale, out=att_heads)
-            return att
-        per_image = windows // batch
-        for i in range(batch):
-            full = slice(i * per_image, (i + 1) * per_image - 1)
-            if per_image > 1:
-                onednn_attention(q[full], k[full], v[full], self.scale, out=att_heads[full])
-            last = slice(full.stop, full.stop + 1)
-            att[last].zero_()
-            att_heads[last].index_copy_(2, real, onednn_attention(
-                *(t[last].index_select(2, real) for t in (q, k, v)), self.scale))
-        return att
 
     def forward(self, q, k, v, hw, out=None):
         """Args: q, k, v ``(B, H*W, C)`` (views into the block's ``qkv`` are fine); hw
@@ -164,7 +121,7 @@ class LePEAttention(nn.Module):
 
         Stripes are cut straight from the ``(B, H, W, C)`` view of each tensor, heads split in
         the same reshape (one copy, none for unpadded horizontal / whole-map stripes), and
-        attended by ``F.scaled_dot_product_attention`` with the padding mask.
+        attended by :func:`mmeffvit.ops.attention` on their real tokens.
         """
         b, _, c = q.shape
         h, w = hw
@@ -188,16 +145,9 @@ class LePEAttention(nn.Module):
         # channels-last view: zeros beyond the map act as the conv's own padding at an edge
         lepe = self.get_v(vw.permute(0, 3, 1, 2))
         drop = self.attn_drop.p if self.training else 0.
-        qh, kh, vh = heads(qw), heads(kw), heads(vw)
-        if onednn_attention_applies(qh, kh, vh, drop):
-            att = self._attend_real_tokens(qh, kh, vh, hw, b).view(-1, wh, ww, c)
-        else:
-            mask = self.padding_mask(hw, qw.dtype, qw.device)
-            if mask is not None and b > 1:
-                mask = mask.repeat(b, 1, 1, 1)
-            att = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=drop,
-                                                 scale=self.scale)
-            att = att.transpose(1, 2).reshape(-1, wh, ww, c)
+        att = ops.attention(heads(qw), heads(kw), heads(vw), scale=self.scale,
+                            valid=self.valid_tokens(hw, q.device), dropout=drop)
+        att = att.transpose(1, 2).reshape(-1, wh, ww, c)
         # (B', wh, ww, C) + LePE -> (B, gh, wh, gw, ww, C) -> crop: one copy into the output
         res = att + lepe.permute(0, 2, 3, 1).to(att.dtype)
         res = res.reshape(b, gh, gw, wh, ww, c).transpose(2, 3).reshape(b, hp, wp, c)[:, :h, :w]

@@ -4,6 +4,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ... import ops
+from ...ops.query_grid_conv import tail_padding
 from ...registry import register_model
 from .less_attention import FactoredScores
 
@@ -23,100 +25,6 @@ def fit_key_grid(attn, k_hw, out_k_hw):
     return grid.reshape(b, h, nq, out_k_hw[0] * out_k_hw[1])
 
 
-def _taps(in_len, out_len, kernel, stride):
-    """Per kernel offset ``i``: how many outputs ``y < out_len`` read an input ``s·y + i`` that
-    exists (the others read the implicit zero padding)."""
-    return [max(0, min(out_len, -(-(in_len - i) // stride))) for i in range(kernel)]
-
-
-def _tail_padding(in_hw, out_hw, kernel, stride):
-    """Rows and columns of zeros a stride-``stride`` ``kernel``² conv of an ``in_hw`` map needs
-    at the bottom/right to give ``out_hw`` outputs."""
-    return [max((n - 1) * stride + kernel - m, 0) for m, n in zip(in_hw, out_hw)]
-
-
-def query_grid_conv_reference(attn, weight, stride, out_hw):
-    """What :class:`_QueryGridConv` computes, in plain differentiable operators (zero-padded
-    copy of the map, one ``einsum`` per kernel tap with the folded kernel): the tests' check."""
-    k = weight.shape[-1]
-    pad_h, pad_w = _tail_padding(attn.shape[2:4], out_hw, k, stride)
-    attn = F.pad(attn, (0, 0, 0, pad_w, 0, pad_h))
-    out = 0
-    for i in range(k):
-        for j in range(k):
-            taps = attn[:, :, i:i + (out_hw[0] - 1) * stride + 1:stride,
-                        j:j + (out_hw[1] - 1) * stride + 1:stride]
-            out = out + torch.einsum('oh,bhyxn->boyxn', weight[:, :, i, j], taps)
-    return out
-
-
-class _QueryGridConv(torch.autograd.Function):
-    """``out[b, o, y, x, n] = Σ_{h,i,j} w[o, h, i, j] · a[b, h, s·y+i, s·x+j, n]`` with zeros
-    beyond the input grid: a strided conv over the query grid of a score map, written as sums of
-    strided slices in the scores' own layout.
-
-    Why by hand: ``nn.Conv2d`` needs the keys as batch (a full permuted copy of the map) and
-    oneDNN pads the 1-5 head channels to its channel block (≈ 8× the map, measured in
-    docs/logs/profiles.md); the slices here are views, and backward writes each input element once
-    (``k == s``) without saving anything but the input.
-    """
-
-    @staticmethod
-    def forward(ctx, attn, weight, bias, stride, out_hw):
-        b, h, hq, wq, nk = attn.shape
-        o, k = weight.shape[0], weight.shape[-1]
-        rows, cols = _taps(hq, out_hw[0], k, stride), _taps(wq, out_hw[1], k, stride)
-        # the bias is the sums' start: no second full-size map for ``out + bias``
-        out = attn.new_empty(b, o, out_hw[0], out_hw[1], nk)
-        if bias is None:
-            out.zero_()
-        else:
-            out.copy_(bias.view(1, o, 1, 1, 1).expand_as(out))
-        for i in range(k):
-            for j in range(k):
-                if not rows[i] or not cols[j]:
-                    continue
-                src = attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
-                dst = out[:, :, :rows[i], :cols[j]]
-                for c in range(h):
-                    dst.addcmul_(src[:, c:c + 1], weight[:, c, i, j].view(1, o, 1, 1, 1))
-        ctx.save_for_backward(attn, weight)
-        ctx.geometry = (stride, rows, cols)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        attn, weight = ctx.saved_tensors
-        stride, rows, cols = ctx.geometry
-        b, h = attn.shape[:2]
-        o, k = weight.shape[0], weight.shape[-1]
-        grad_out = grad_out.contiguous()
-        need_attn, need_weight = ctx.needs_input_grad[:2]
-        covered = k == stride and sum(rows) == attn.shape[2] and sum(cols) == attn.shape[3]
-        grad_attn = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum((0, 2, 3, 4))
-        if need_attn:  # every input read exactly once when k == s: no zero fill needed
-            grad_attn = torch.empty_like(attn) if covered else torch.zeros_like(attn)
-        if need_weight:
-            grad_weight = torch.zeros_like(weight)
-        for i in range(k):
-            for j in range(k):
-                if not rows[i] or not cols[j]:
-                    continue
-                g = grad_out[:, :, :rows[i], :cols[j]]
-                src = attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
-                if need_attn:
-                    part = torch.matmul(weight[:, :, i, j].t(), g.reshape(b, o, -1))
-                    part = part.view(b, h, *g.shape[2:])
-                    dst = grad_attn[:, :, i::stride, j::stride][:, :, :rows[i], :cols[j]]
-                    dst.copy_(part) if covered else dst.add_(part)
-                if need_weight:
-                    grad_weight[:, :, i, j] = torch.matmul(
-                        g.reshape(b, o, -1), src.reshape(b, h, -1).transpose(1, 2)).sum(0)
-        return grad_attn, grad_weight, grad_bias, None, None
-
-
 @register_model
 class AttentionResidualDownsample(BaseModule):
     """Carries the last attention map of stage ``s`` into the first layer of stage ``s+1``.
@@ -132,7 +40,8 @@ class AttentionResidualDownsample(BaseModule):
 
     The three linear maps are applied as one: ``W[o, h, i, j] = γ_o·pw[o, h]·dw[h, i, j]`` and
     bias ``γ_o·(pw[o]·b_dw + b_pw[o])``, summed over strided slices of the scores' query grid
-    (:class:`_QueryGridConv`); the parameters keep the conv names and shapes (checkpoints load).
+    (:func:`mmeffvit.ops.query_grid_conv`); the parameters keep the conv names and shapes
+    (checkpoints load).
 
     With PVT spatial reduction the key grid is the same in every stage (``H/32×W/32``), so by
     default only queries are downsampled; ``key_stride > 1`` also average-pools the key grid
@@ -203,7 +112,7 @@ class AttentionResidualDownsample(BaseModule):
             if bias is not None:
                 out = out + bias.view(1, -1, 1, 1, 1)
         else:
-            out = _QueryGridConv.apply(grid, weight, bias, self.stride, tuple(out_hw))
+            out = ops.query_grid_conv(grid, weight, bias, self.stride, tuple(out_hw))
         return out.reshape(b, self.out_heads, out_hw[0] * out_hw[1], nk)
 
     def _unfolded_conv(self, grid, out_hw):
@@ -212,7 +121,7 @@ class AttentionResidualDownsample(BaseModule):
         ``out·in·k²`` multiply-adds per output instead of the model's ``in·k² + out·in``."""
         b, h, hq, wq, nk = grid.shape
         maps = grid.permute(0, 4, 1, 2, 3).reshape(b * nk, h, hq, wq)
-        pad_h, pad_w = _tail_padding((hq, wq), out_hw, self.dwconv.kernel_size[0], self.stride)
+        pad_h, pad_w = tail_padding((hq, wq), out_hw, self.dwconv.kernel_size[0], self.stride)
         maps = F.pad(maps, (0, pad_w, 0, pad_h))
         x = F.conv2d(maps, self.dwconv.weight.to(maps.dtype), stride=self.stride, groups=h)
         x = x[..., :out_hw[0], :out_hw[1]]
@@ -262,8 +171,8 @@ class AttentionResidualDownsample(BaseModule):
         weight, bias = weight.to(query.dtype), bias.to(query.dtype)
         oq = self.out_grid(q_hw)
         grid = query.reshape(b, h, *q_hw, f)
-        parts = [_QueryGridConv.apply(grid[:, c:c + 1], weight[:, c:c + 1], None, self.stride,
-                                      oq) for c in range(h)]
+        parts = [ops.query_grid_conv(grid[:, c:c + 1], weight[:, c:c + 1], None, self.stride, oq)
+                 for c in range(h)]
         conv_query = torch.cat(parts, -1).reshape(b, self.out_heads, oq[0] * oq[1], h * f)
         out_k_hw = tuple(k_hw) if out_k_hw is None else tuple(out_k_hw)
         keys = key.expand(b, h, -1, -1).permute(0, 2, 1, 3).reshape(b, 1, -1, h * f)

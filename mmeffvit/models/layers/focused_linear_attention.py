@@ -3,12 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
-from torch.autograd.function import once_differentiable
 
 from ... import ops
-from ...ops.depthwise_conv import depthwise_conv_grads
-from ...ops.focused_linear_attention import EPS, FOCUS_EPS
-from ...ops.linear import fused_linear, graph_kept, needs_grad, onednn_applies
 from ...utils import TokenGridResizeCache
 from .depthwise_conv import DepthwiseConv2d
 from .linear import Linear, _without_hooks
@@ -147,34 +143,22 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if self.qkv_layout is None:
             raise RuntimeError("qkv_layout=None: project q, k, v yourself and call attend()")
         _check_tokens('x', x, hw_shape, self.embed_dims)
-        if self._qkv_training_fused(x):
-            qkv = self.qkv(x)  # fresh, held by nobody else: its memory takes the gradient
-            out = _QKVFocusedAttention.apply(
-                qkv, self._resized_encoding(hw_shape), self.scale,
-                *self.dwc.repeated_parameters(self.num_heads), tuple(hw_shape), self.num_heads,
-                float(self.focusing_factor), tuple(self.dwc.padding))
+        if self._plain_qkv():
+            dwc = self.dwc
+            out = ops.focused_qkv_attention(
+                x, self.qkv.weight, self.qkv.bias, self.scale, dwc.weight, dwc.bias,
+                tuple(hw_shape), self.num_heads, self.focusing_factor,
+                pe=self._resized_encoding(hw_shape), padding=dwc.padding)
             return self.proj_drop(self.proj(out))
-        if self._qkv_inference_fused(x):
-            return self.proj_drop(self.proj(self._attend_qkv_inference(x, tuple(hw_shape))))
         q, k, v, kv_hw = self._project(x, hw_shape)
         return self.proj_drop(self.proj(self.attend(q, k, v, hw_shape, kv_hw)))
 
-    def _fused_qkv_applies(self, x):
-        """CPU fp32 with the compiled ops, a fused ``qkv``, a plain stride-1 DWC and nothing
-        hooked: where the module may skip :meth:`attend` for one of the two paths below."""
-        return (self.qkv_layout == 'qkv' and onednn_applies(x, self.qkv.weight)
-                and ops.get_ext(x) is not None and _without_hooks(self.qkv, self.dwc)
+    def _plain_qkv(self):
+        """A fused ``qkv`` linear and a plain stride-1 DWC that nothing hooks: the module's
+        attention is :func:`mmeffvit.ops.focused_qkv_attention` of their weights."""
+        return (self.qkv_layout == 'qkv' and type(self.qkv) in (Linear, nn.Linear)
                 and type(self.dwc) is DepthwiseConv2d and self.dwc.stride == (1, 1)
-                and self.dwc.dilation == (1, 1))
-
-    def _qkv_training_fused(self, x):
-        """Training: attention and DWC as one autograd function (:class:`_QKVFocusedAttention`)."""
-        return self._fused_qkv_applies(x) and needs_grad(x, *self.parameters())
-
-    def _qkv_inference_fused(self, x):
-        """Inference: :meth:`_attend_qkv_inference` (slices the ``qkv`` weight by rows)."""
-        return (self._fused_qkv_applies(x) and not needs_grad(x, *self.parameters())
-                and self.qkv.weight.is_contiguous())
+                and self.dwc.dilation == (1, 1) and _without_hooks(self.qkv, self.dwc))
 
     def _resized_encoding(self, hw_shape):
         """The positional encoding for a key grid ``hw_shape`` (None without one)."""
@@ -182,23 +166,6 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
             return None
         return self._pe_resized(self.positional_encoding, self.pe_size, tuple(hw_shape),
                                 self.pe_interpolation)
-
-    def _attend_qkv_inference(self, x, hw_shape):
-        """:meth:`attend` on ``qkv(x)``, in inference: the same kernels on the same values, but
-        ``v`` gets a GEMM of its own (rows of the ``qkv`` weight), so the DWC reads it as a dense
-        channels-last map instead of a copy of a strided slice, and the positional encoding and
-        the DWC term are added in place (measured: ``docs/ops.md``)."""
-        c = self.embed_dims
-        weight, bias = self.qkv.weight, self.qkv.bias
-        qk = fused_linear(x, weight[:2 * c], None if bias is None else bias[:2 * c])
-        v = fused_linear(x, weight[2 * c:], None if bias is None else bias[2 * c:])
-        q, k = qk.split(c, dim=-1)
-        if self.positional_encoding is not None:
-            k.add_(self._resized_encoding(hw_shape))
-        out, _, _ = ops.get_ext(x).focused_linear_attention_forward(
-            q, k, v, self.scale, self.num_heads, float(self.focusing_factor), FOCUS_EPS, EPS)
-        dwc = self.dwc(v, hw_shape, repeats=self.num_heads)
-        return out.add_(dwc)
 
     def attend(self, q, k, v, hw_shape, kv_hw=None):
         """Focused linear attention plus DWC on projected tokens, before any output projection.
@@ -233,63 +200,3 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if kv_hw != tuple(hw_shape):
             dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
         return out + dwc.flatten(2).transpose(1, 2).to(out.dtype)
-
-
-class _QKVFocusedAttention(torch.autograd.Function):
-    """:meth:`FocusedLinearAttention.attend` on the output of the fused ``qkv`` projection, in
-    training on the CPU: ``FLA(q, k + pe, v) + DWC(v)`` (sec. 4, eq. 5-9).
-
-    The same operators as the unfused path (the compiled FLA kernels, oneDNN's depthwise conv,
-    :func:`mmeffvit.ops.depthwise_conv_weight_grad`), but the backward writes the gradients of
-    q, k and v straight into one ``(B, N, 3C)`` tensor, the memory of the spent ``qkv`` output
-    itself (its rows are read before their gradients are written). Unfused, autograd writes
-    dq, dk, dv and the DWC's dv into four fresh maps, adds two and concatenates three into a
-    fifth, whose fresh pages made that concatenation one of the costly steps of a training step
-    at detection resolution. Where autograd keeps the graph
-    (``retain_graph``) ``qkv`` stays intact and the gradient goes to a new tensor.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv, pe, scale, dwc_weight, dwc_bias, hw_shape, heads, focusing_factor,
-                padding):
-        ext = ops.get_ext(qkv)
-        b, c = qkv.shape[0], qkv.shape[2] // 3
-        q, k, v = qkv.split(c, dim=-1)
-        keys = k if pe is None else k + pe
-        with torch.autocast(qkv.device.type, enabled=False):
-            out, kv, ksum = ext.focused_linear_attention_forward(
-                q, keys, v, scale, heads, focusing_factor, FOCUS_EPS, EPS)
-            v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
-            dwc = F.conv2d(v_map, dwc_weight, dwc_bias, padding=padding, groups=c)
-        out.add_(dwc.flatten(2).transpose(1, 2))
-        ctx.save_for_backward(qkv, keys, scale, kv, ksum, dwc_weight)
-        ctx.params = (hw_shape, heads, focusing_factor, padding, dwc_bias is not None,
-                      None if pe is None else pe.shape)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        qkv, keys, scale, kv, ksum, dwc_weight = ctx.saved_tensors
-        hw_shape, heads, focusing_factor, padding, has_bias, pe_shape = ctx.params
-        need_qkv, need_pe, need_scale, need_weight, need_bias = ctx.needs_input_grad[:5]
-        ext = ops.get_ext(qkv)
-        b, c = qkv.shape[0], qkv.shape[2] // 3
-        q, k, v = qkv.split(c, dim=-1)
-        grad = grad.contiguous()
-        grad_map = grad.transpose(1, 2).reshape(b, c, *hw_shape)
-        v_map = v.transpose(1, 2).reshape(b, c, *hw_shape)
-        # the DWC first: its weight gradient reads v, which the attention's gradient overwrites
-        grad_v_dwc, grad_weight, grad_bias = depthwise_conv_grads(
-            v_map, grad_map, dwc_weight, padding, True, need_weight, has_bias and need_bias)
-        grad_qkv = qkv if not graph_kept() else torch.empty_like(qkv)
-        dq, dk, dv = grad_qkv.split(c, dim=-1)
-        grad_scale = ext.focused_linear_attention_backward_into(
-            grad, q, keys, v, scale, kv, ksum, heads, focusing_factor, FOCUS_EPS, EPS, dq, dk, dv)
-        dv.add_(grad_v_dwc.flatten(2).transpose(1, 2))
-        grad_pe = None
-        if pe_shape is not None and need_pe:
-            grad_pe = dk if pe_shape[0] == b else dk.sum(0, keepdim=True)
-        return (grad_qkv if need_qkv else None, grad_pe,
-                grad_scale.reshape(scale.shape) if need_scale else None, grad_weight, grad_bias,
-                None, None, None, None)

@@ -3,9 +3,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ...ops.linear import onednn_attention, onednn_attention_applies
+from ... import ops
 from .linear import Linear, project_heads
 from .spatial_reduction_attention import SpatialReductionMixin
 
@@ -36,98 +35,6 @@ class FactoredScores(NamedTuple):
         return self.query @ self.key.transpose(-2, -1)
 
 
-def masked_softmax(scores, key_mask=None):
-    """Row softmax in at least fp32; ``key_mask (B, 1, 1, Nk)`` True marks keys to ignore.
-
-    The mask is applied here only, never to the scores handed to the next layer, so the
-    learned transforms Θ/Ψ always see finite values.
-    """
-    x = scores.float()
-    if key_mask is not None:
-        x = x.masked_fill(key_mask, torch.finfo(x.dtype).min)
-    return x.softmax(dim=-1).to(scores.dtype)
-
-
-class _SoftmaxValues(torch.autograd.Function):
-    """``softmax(scores) @ v`` that stores the scores, not the probabilities.
-
-    A VA layer whose scores are read later (by an LA layer or the next AR module) keeps its
-    ``(B, H, N, Nk)`` scores alive anyway; saving the softmax output as well, as
-    ``softmax`` and ``matmul`` do, held a second map of that size. Here the row log-sum-exp is
-    saved and the backward recomputes the probabilities, with the softmax gradient
-    ``P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))`` of the attention identity (as flash attention's backward).
-    At 1536² the stage-1 map of LaViT-T is 1.3 GiB. Softmax in fp32, as :func:`masked_softmax`.
-    """
-
-    @staticmethod
-    def forward(ctx, scores, v):
-        x = scores.float()
-        probs = x.softmax(dim=-1)
-        # log Σ exp(x) from row maxima (at the argmax p = exp(max x − lse)): logsumexp would
-        # make two more maps of the scores' size
-        lse = x.amax(dim=-1, keepdim=True) - probs.amax(dim=-1, keepdim=True).log()
-        probs = probs.to(scores.dtype)
-        out = probs @ v
-        ctx.save_for_backward(scores, v, out, lse)
-        ctx.set_materialize_grads(False)  # unused probabilities: None, not a map of zeros
-        return out, probs
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_probs):
-        scores, v, out, lse = ctx.saved_tensors
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        probs = (scores.float() - lse).exp_()
-        grad_scores = grad_v = None
-        if ctx.needs_input_grad[1]:
-            grad_v = probs.to(v.dtype).transpose(-2, -1) @ grad_out
-        if ctx.needs_input_grad[0]:
-            grad_p = (grad_out @ v.transpose(-2, -1)).float()
-            if grad_probs is not None:  # the returned probabilities were used
-                grad_p = grad_p.add_(grad_probs.float())
-                row = (grad_p * probs).sum(-1, keepdim=True)
-            else:
-                row = (grad_out.float() * out.float()).sum(-1, keepdim=True)
-            grad_scores = grad_p.sub_(row).mul_(probs).to(scores.dtype)
-        return grad_scores, grad_v
-
-
-# Query rows per block of scores_softmax_values: a 2 MiB fp32 block of scores
-_SCORE_BLOCK_ELEMENTS = 1 << 19
-
-
-def scores_softmax_values(q, k, v, scale, residual=None):
-    """Inference: ``A = (q·scale) kᵀ (+ residual)`` and ``softmax(A) v``, by blocks of query
-    rows. Each block's scores are made in a small buffer, copied into ``A`` (which the caller
-    keeps for the next layers) and turned into probabilities and output while in cache: no
-    full-size probability map is written and ``A`` is not read back (stage 1 of LaViT-T at
-    800×1333: a 66 800 × 1025 map, 274 MB, per pass). Same operators on the same rows as the
-    unblocked form.
-
-    Args: q ``(B, H, N, d)``, k ``(B, H, Nk, d)``, v ``(B, H, Nk, e)``, residual broadcastable to
-    ``(B, H, N, Nk)``. Returns the output ``(B, N, H, e)`` and ``A`` ``(B, H, N, Nk)``.
-    """
-    b, h, n, _ = q.shape
-    nk = k.shape[-2]
-    step = max(1, _SCORE_BLOCK_ELEMENTS // (b * h * nk))
-    key_t = k.transpose(-2, -1)
-    if residual is not None:
-        residual = residual.expand(b, h, n, nk)
-    scores = out = None
-    for start in range(0, n, step):
-        rows = slice(start, min(start + step, n))
-        block = torch.matmul(q[:, :, rows] * scale, key_t)
-        if residual is not None:
-            block = block.add_(residual[:, :, rows].to(block.dtype))
-        values = torch.matmul(masked_softmax(block).to(v.dtype), v)  # dtypes as autocast's
-        if scores is None:
-            scores = block.new_empty(b, h, n, nk)
-            out = values.new_empty(b, n, h, values.shape[-1])
-        scores[:, :, rows] = block
-        out[:, rows] = values.transpose(1, 2)
-    return out, scores
-
-
 class _ScoreAttention(SpatialReductionMixin, nn.Module):
     """What VA and LA layers share: PVT's key/value reduction, the heads, and the attention of
     explicit scores, ``proj(softmax(A) V)``."""
@@ -145,15 +52,12 @@ class _ScoreAttention(SpatialReductionMixin, nn.Module):
         """Scores ``(B, H, N, Nk)``, values ``(B, H, Nk, d)`` → output ``(B, N, H·d)`` and the
         probabilities."""
         b, h, n, _ = scores.shape
-        if (key_mask is None and not (self.training and self.attn_drop.p > 0)
-                and torch.is_grad_enabled() and scores.requires_grad
-                and not torch.jit.is_tracing()):
-            out, probs = _SoftmaxValues.apply(scores, v)
-        else:
-            probs = masked_softmax(scores, key_mask)
-            out = self.attn_drop(probs) @ v
+        out, probs = ops.softmax_values(scores, v, key_mask, self._dropout())
         out = out.transpose(1, 2).reshape(b, n, h * v.shape[-1])
         return self.proj_drop(self.proj(out)), probs
+
+    def _dropout(self):
+        return self.attn_drop.p if self.training else 0.
 
 
 class VanillaAttention(_ScoreAttention):
@@ -194,7 +98,7 @@ class VanillaAttention(_ScoreAttention):
             factored), probabilities ``(B, H, N, Nk)`` and the key grid; scores and
             probabilities are None when not needed (then ``F.scaled_dot_product_attention``
             stores no map; with scores but no probabilities, inference runs
-            :func:`scores_softmax_values`).
+            :func:`mmeffvit.ops.scored_attention` by row blocks).
         """
         b, n, c = x.shape
         h = self.num_heads
@@ -211,46 +115,23 @@ class VanillaAttention(_ScoreAttention):
             out, scores = self._attend_factors(q, k, v, residual, keep=need_scores)
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
             return out, scores, None, k_hw
-        # a residual that needs a gradient sends CPU SDPA to its explicit math path, which
-        # stores the same maps as below: use SDPA where it runs a fused kernel
-        fused = not need_scores and not (
-            residual is not None and residual.requires_grad and torch.is_grad_enabled()
-            and x.device.type == 'cpu')
-        if fused:
-            dropout = self.attn_drop.p if self.training else 0.
-            if (residual is None and key_mask is None
-                    and onednn_attention_applies(q, k, v, dropout)):
-                out = onednn_attention(q, k, v, self.scale)
-            else:
-                mask = None if key_mask is None else ~key_mask  # SDPA: True = attend
-                if residual is not None:
-                    mask = residual.to(q.dtype)
-                    if key_mask is not None:
-                        mask = mask.masked_fill(key_mask, float('-inf'))
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        if not need_scores:
+            out = ops.attention(q, k, v, scale=self.scale, bias=residual, key_mask=key_mask,
+                                dropout=self._dropout())
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
             return out, None, None, k_hw
-        if (not need_probs and key_mask is None and not torch.is_grad_enabled()
-                and not (self.training and self.attn_drop.p > 0) and not torch.jit.is_tracing()):
-            out, scores = scores_softmax_values(q, k, v, self.scale, residual)
-            out = self.proj_drop(self.proj(out.view(b, n, c)))
-            return out, scores, None, k_hw
-        scores = (q * self.scale) @ k.transpose(-2, -1)
-        if residual is not None:
-            scores = scores + residual.to(scores.dtype)
-        out, probs = self.attend(scores, v, key_mask)
+        out, scores, probs = ops.scored_attention(q, k, v, self.scale, residual, key_mask,
+                                                  self._dropout(), need_probs)
+        out = self.proj_drop(self.proj(out.reshape(b, n, c)))
         return out, scores, probs, k_hw
 
     def _attend_factors(self, q, k, v, residual, keep):
-        """``softmax((q·scale) kᵀ + residual) v`` by fused SDPA on the concatenated factors
-        ``[q·scale, R_q] · [k, R_k]ᵀ``; returns the output ``(B, H, N, d)`` and, if ``keep``,
-        this layer's scores as :class:`FactoredScores`."""
-        dropout = self.attn_drop.p if self.training else 0.
+        """``softmax((q·scale) kᵀ + residual) v`` on the concatenated factors
+        ``[q·scale, R_q] · [k, R_k]ᵀ`` (:func:`mmeffvit.ops.attention`); returns the output
+        ``(B, H, N, d)`` and, if ``keep``, this layer's scores as :class:`FactoredScores`."""
+        dropout = self._dropout()
         if residual is None:
-            if onednn_attention_applies(q, k, v, dropout):
-                out = onednn_attention(q, k, v, self.scale)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+            out = ops.attention(q, k, v, scale=self.scale, dropout=dropout)
             return out, FactoredScores(q * self.scale, k) if keep else None
         b, h = q.shape[:2]
         query = torch.cat([q * self.scale, residual.query.to(q.dtype).expand(b, h, -1, -1)], -1)
@@ -259,15 +140,7 @@ class VanillaAttention(_ScoreAttention):
         scores = FactoredScores(query, key, tail) if keep else None
         if tail:  # a per-row constant: softmax-invariant, not worth a feature of the kernel
             query, key = query[..., :-tail], key[..., :-tail]
-        if onednn_attention_applies(query, key, v, dropout):  # any value width
-            return onednn_attention(query, key, v, 1.), scores
-        width = v.shape[-1]
-        if q.device.type == 'cpu' and query.shape[-1] > width:
-            # CPU's flash kernel needs one head size for q, k and v (else: the explicit math
-            # path with full maps); zero value columns change nothing but the output's width
-            v = F.pad(v, (0, query.shape[-1] - width))
-        out = F.scaled_dot_product_attention(query, key, v, dropout_p=dropout, scale=1.)
-        return out[..., :width], scores
+        return ops.attention(query, key, v, scale=1., dropout=dropout), scores
 
 
 class LessAttention(_ScoreAttention):
