@@ -2,10 +2,11 @@
 
 Build by plain and scoped name from mmdet / mmseg / mmpretrain; unknown arch names; odd input
 sizes (ceil strides); ``out_indices``; ``frozen_stages`` and ``norm_eval`` through an optimizer
-step; bf16 autocast; pretrained loading (own weights round trip, missing file, wrong
-architecture, nothing matching). Family facts (counts, golden outputs, key layouts) stay in
-the family test files.
+step; bf16 autocast; the default kernels against the reference; pretrained loading (own
+weights round trip, missing file, wrong architecture, nothing matching). Family facts (counts,
+golden outputs, key layouts) stay in the family test files.
 """
+import copy
 import logging
 import math
 from dataclasses import dataclass
@@ -258,3 +259,57 @@ def test_checkpoint_without_a_matching_key_is_a_clear_error(name, tmp_path):
     # BatchNorm families too: num_batches_tracked must not count as a match
     with pytest.raises(RuntimeError, match='does not fit .*: 0 of its'):
         model.init_weights()
+
+
+@pytest.mark.parametrize('cpu_gemm', [None, 'onednn'])
+@pytest.mark.parametrize('name', NAMES)
+def test_default_kernels_match_the_reference(name, cpu_gemm):
+    """Every backbone under the default policy (compiled operators, oneDNN or MKL linears, the
+    CPU paths of the ops' entry points) against the same model under ``use_reference()``:
+    inference outputs, and a training step's outputs and parameter gradients, fp32."""
+    from mmeffvit import ops
+    from mmeffvit.ops.policy import ONEDNN_LINEAR
+    if cpu_gemm == 'onednn' and not ONEDNN_LINEAR:
+        pytest.skip('this torch has no oneDNN linear kernel')
+    torch.manual_seed(0)
+    model = build(name)
+    with torch.no_grad():  # tables that start at zero would hide the bias paths
+        for pname, p in model.named_parameters():
+            if 'relative_position' in pname or 'bias_table' in pname:
+                p.normal_(std=0.5)
+    images = torch.rand(1, 3, 333, 517)
+    crops = torch.rand(2, 3, 97, 131)
+    weights, state = None, copy.deepcopy(model.state_dict())
+
+    def run():
+        nonlocal weights
+        model.load_state_dict(state)  # the training step moved BatchNorm's running stats
+        model.eval()
+        with torch.no_grad():
+            inference = model(images)
+        model.train()
+        torch.manual_seed(1)  # drop path and dropout draw the same
+        outs = model(crops)
+        if weights is None:
+            weights = [torch.randn(o.shape) for o in outs]
+        model.zero_grad()
+        sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return inference, outs, grads
+
+    with ops.use_reference():
+        want = run()
+    if cpu_gemm is None:
+        got = run()
+    else:
+        with ops.use_kernels(required=False, cpu_gemm=cpu_gemm):
+            got = run()
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert got[2].keys() == want[2].keys() and got[2]
+    # a bias right before a BatchNorm gets a zero gradient up to rounding: tolerances relative
+    # to the model's largest gradient
+    scale = max(g.abs().max().item() for g in want[2].values())
+    for key in want[2]:
+        torch.testing.assert_close(got[2][key], want[2][key], rtol=1e-3, atol=1e-5 * scale,
+                                   msg=lambda m, key=key: f'{key}: {m}')

@@ -367,7 +367,7 @@ def test_biased_attention_matches_explicit_softmax_with_gradients(with_mask, bia
     # the recomputing backward (bias that needs a gradient, CPU) against autograd through an
     # explicit softmax, in float64: output and the gradients of q, k, v and the bias (shared by
     # the windows or one per window); keys as a transposed view, as Focal's gathered keys
-    from mmeffvit.models.layers.relative_position import biased_attention
+    from mmeffvit.ops.biased_attention import biased_attention
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(6, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     k2 = torch.randn(6, 7, 2, 4, generator=gen, dtype=torch.float64).requires_grad_()
@@ -397,7 +397,7 @@ def test_biased_attention_forward_runs_the_fused_kernel_with_a_trained_bias(with
     # a mask that requires a gradient sends torch's dispatch to its composite kernel (which
     # stores the probabilities' softmax over a fresh scores map); the bias is this function's
     # own to differentiate, so the forward passes it detached
-    from mmeffvit.models.layers.relative_position import biased_attention
+    from mmeffvit.ops.biased_attention import biased_attention
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(8, 3, 49, 16, generator=gen, requires_grad=True) for _ in range(3))
     bias = torch.randn(1, 3, 49, 49, generator=gen, requires_grad=True)

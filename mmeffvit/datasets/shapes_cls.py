@@ -27,7 +27,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .shapes import JPEG_QUALITY, _background, _pick_colour, draw_shape
+from .shape_drawing import JPEG_QUALITY, draw_shape, pick_colour, random_background
 
 # Bump whenever the generated content changes, so stale copies are regenerated.
 CLS_GENERATOR_VERSION = 1
@@ -71,7 +71,7 @@ def render_cls_image(rng, name, min_size, max_size):
         tuple[np.ndarray, np.ndarray]: The BGR uint8 image and the shape's bool mask.
     """
     h, w = (int(rng.integers(min_size, max_size + 1)) for _ in range(2))
-    img, base = _background(rng, h, w)
+    img, base = random_background(rng, h, w)
     kind = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
     if kind == 'blobs':
         img = _blobs(rng, base, h, w)
@@ -83,7 +83,7 @@ def render_cls_image(rng, name, min_size, max_size):
     centre = (rng.uniform(margin_x, w - margin_x), rng.uniform(margin_y, h - margin_y))
     mask = draw_shape(name, (h, w), centre, size, rng.uniform(0, 2 * np.pi),
                       aspect=rng.uniform(0.4, 0.65)).astype(bool)
-    img[mask] = _pick_colour(rng, base, [])
+    img[mask] = pick_colour(rng, base, [])
     img += rng.normal(0, 3, size=img.shape).astype(np.float32)
     return np.clip(np.round(img), 0, 255).astype(np.uint8), mask
 

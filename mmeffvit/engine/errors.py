@@ -20,6 +20,14 @@ class DataError(ValueError):
     """A data set, annotation file or image cannot be used as it is."""
 
 
+class ConfigError(ValueError):
+    """A command-line option cannot be applied to the given config."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or infinite during training."""
+
+
 DEBUG_ENV = 'MMEFFVIT_DEBUG'
 
 # Errors that are a message by design: raised from these functions they concern the config
@@ -59,8 +67,6 @@ def _message(err: BaseException) -> str:
 
 def user_error_message(err: BaseException) -> Optional[str]:
     """The message to print for ``err`` if it is a user's error, else ``None``."""
-    from .launch import ConfigError  # noqa: avoid an import cycle at module load
-    from .hooks import NonFiniteLossError
     if isinstance(err, (ConfigError, DataError, NonFiniteLossError, pickle.UnpicklingError,
                         FileNotFoundError, IsADirectoryError, NotADirectoryError, SyntaxError,
                         ModuleNotFoundError)):

@@ -21,6 +21,8 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
+from .errors import NonFiniteLossError
+
 #: Top-level key of the extra state in a checkpoint.
 RESUME_STATE_KEY = 'resume_state'
 
@@ -240,10 +242,6 @@ class ResumeStateHook(Hook):
             sampler.indices = sampler._indices_of_rank()
         if hasattr(loop, 'dataloader_iterator'):  # workers may have prefetched with the old seed
             loop.dataloader_iterator = type(loop.dataloader_iterator)(loop.dataloader)
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss became NaN or infinite during training."""
 
 
 @HOOKS.register_module()

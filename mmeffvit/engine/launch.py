@@ -21,14 +21,11 @@ from mmengine.logging import print_log
 
 from .cpu_sync_bn import cpu_wrapper_type
 from .data_checks import check_data_roots, install_dataset_checks
+from .errors import ConfigError
 from .hooks import add_default_hooks
 from .resume import checkpoint_problem, find_resume_checkpoint
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
-
-
-class ConfigError(ValueError):
-    """A command-line option cannot be applied to the given config."""
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:

@@ -17,9 +17,10 @@ projection with its depthwise-conv term, CPU paths of its own in training and in
 :func:`depthwise_conv` (a stride-1 depthwise conv on channels-last token maps, GELU
 optionally after it; the kernel chosen inside), :func:`depthwise_conv_weight_grad` (its weight
 gradient on the CPU); :func:`depthwise_conv3x3_gelu` (PVT v2's 3×3 depthwise conv and
-GELU in one pass, CPU inference); :func:`window_attention` (softmax attention in small windows,
-heads merged, CPU inference) and :func:`gathered_window_attention` (the same with each window's
-keys read from a shared bank through an index: Focal attention); :func:`linear` (the CPU
+GELU in one pass, CPU inference); :func:`window_attention` (softmax attention in small windows with
+a relative bias, trained or not; the compiled pass in CPU inference) and
+:func:`gathered_window_attention` (the same with each window's keys read from a shared bank
+through an index: Focal attention); :func:`linear` (the CPU
 linears on oneDNN's or ATen's GEMM with the bias fused, the policy's choice), :func:`gelu_linear`
 and :func:`mlp` (a transformer MLP that stores its pre-activation only in training),
 :func:`mlp_residual` (a block's pre-norm MLP half, in place by row blocks in CPU inference),

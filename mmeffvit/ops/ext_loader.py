@@ -6,28 +6,10 @@ device), or, unset, the compiled CPU operators when they are importable, with a 
 log otherwise. The CUDA kernels compile (CI builds them) but have not yet run on a GPU, so unset
 means the reference on CUDA tensors until they are verified; ``MMEFFVIT_OPS=1`` opts in.
 """
-import importlib
 import logging
 
-from .policy import apply_to_extension, policy
-
-_UNSET = object()
-_ext = _UNSET
-_error = None
-_logged = False
-
-
-def load_ext():
-    """The ``mmeffvit._ext`` module, or None when it is not built (imported once)."""
-    global _ext, _error
-    if _ext is _UNSET:
-        try:
-            _ext = importlib.import_module('mmeffvit._ext')
-        except ImportError as err:  # not built (or built for another torch)
-            _ext, _error = None, err
-        else:  # the kernels' block products on the policy's GEMM
-            apply_to_extension(_ext)
-    return _ext
+from .policy import extension_error, policy
+from .policy import load_extension as load_ext  # noqa: F401 (the ops' name for it)
 
 
 _MODE_NAMES = {'reference': '0', 'kernels': '1', 'auto': 'auto'}
@@ -56,9 +38,9 @@ def get_ext(*tensors):
     ext = load_ext()
     if ext is None:
         if mode == '1':
-            raise RuntimeError(f'MMEFFVIT_OPS=1 but mmeffvit._ext is not built ({_error}); run '
-                               '`python setup.py build_ext --inplace`')
-        _log_fallback(f'mmeffvit._ext not built: {_error}')
+            raise RuntimeError(f'MMEFFVIT_OPS=1 but mmeffvit._ext is not built '
+                               f'({extension_error()}); run `python setup.py build_ext --inplace`')
+        _log_fallback(f'mmeffvit._ext not built: {extension_error()}')
         return None
     for t in tensors:
         dev = t.device.type

@@ -85,12 +85,13 @@ def display_name(class_name, arch=None):
 
 
 def _mmeffvit_backbones():
-    """``{class name: class}`` of the registered mmeffvit backbones with named archs."""
-    from ..models.backbones.base import EffBackbone
+    """``{class name: class}`` of the registered mmeffvit backbones with named archs (read from
+    the registry: ``utils`` imports nothing from ``models``, whose backbones import this)."""
     from ..registry import MODELS
     MODELS.import_from_location()
     return {name: cls for name, cls in sorted(MODELS.module_dict.items())
-            if isinstance(cls, type) and issubclass(cls, EffBackbone)
+            if isinstance(cls, type) and cls.__module__.startswith('mmeffvit.models.backbones.')
+            and callable(getattr(cls, 'convert_weights', None))
             and getattr(cls, 'arch_settings', None)}
 
 

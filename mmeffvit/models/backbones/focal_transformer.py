@@ -13,16 +13,14 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 from timm.layers import DropPath
 
-from ...ops.window_attention import (gathered_window_attention,
-                                     gathered_window_attention_applies)
+from ... import ops
+from ...ops.window_attention import reused_gather_buffer
 from ...registry import register_model
 from ...utils import tokens_to_contiguous_map, unknown_choice_error
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.linear import Linear, Mlp, mlp_residual
-from ..layers.relative_position import (biased_attention, cache_allowed, gather_keys,
-                                        gathered_biased_attention, relative_position_index,
-                                        resize_bias_table, reused_gather_buffer, tables_key,
-                                        window_attention_mask)
+from ..layers.relative_position import (cache_allowed, relative_position_index,
+                                        resize_bias_table, tables_key)
 from ..layers.window import pad_to_windows, window_partition, window_reverse
 from .base import EffBackbone, resolve_arch
 
@@ -197,26 +195,12 @@ class FocalAttention(nn.Module):
         q = window_partition(q.reshape(b, hp, wp, c), w, num_heads=h)
         q = q.reshape(b * nw, h, w * w, d)
         drop = self.attn_drop.p if self.training else 0.
-        if cache_allowed(*self.bias_tables()):
-            bias = self.cached_key_bias(q.dtype)
-            if not drop and gathered_window_attention_applies(q, bank, index, bias, key_mask):
-                # CPU inference: keys read through the index, bias and key mask added to the
-                # scores, so neither the gathered keys nor the summed mask is written
-                out = gathered_window_attention(q, bank, index, bias, key_mask, self.scale)
-                return self.proj_drop(self.proj(window_reverse(out, w, hp, wp)))
-            mask = window_attention_mask(bias + key_mask[:, None, None].to(q.dtype), b)
-            out = F.scaled_dot_product_attention(q, *gather_keys(bank, index, h), attn_mask=mask,
-                                                 dropout_p=drop, scale=self.scale)
-        else:  # training the tables: bias and key mask stay apart (see biased_attention)
-            mask = window_attention_mask(key_mask[:, None, None].to(q.dtype), b)
-            bias = self.key_bias()[None].to(q.dtype)
-            if q.device.type == 'cpu' and not drop:
-                out = gathered_biased_attention(q, bank, index, bias, mask, self.scale)
-            else:
-                out = biased_attention(q, *gather_keys(bank, index, h), bias, mask, self.scale,
-                                       drop)
-        out = window_reverse(out.view(b, nw, h, w * w, d), w, hp, wp)
-        return self.proj_drop(self.proj(out))
+        # the tables' bias gathered once per table version where they get no gradient
+        tables = self.bias_tables()
+        bias = self.cached_key_bias(q.dtype) if cache_allowed(*tables) else self.key_bias()
+        out = ops.gathered_window_attention(q, bank, index, bias, key_mask, self.scale,
+                                            dropout=drop)
+        return self.proj_drop(self.proj(window_reverse(out, w, hp, wp)))
 
 
 class FocalTransformerBlock(nn.Module):

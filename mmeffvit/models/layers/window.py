@@ -50,13 +50,19 @@ def window_partition(x, window, num_heads=None):
 
 
 def window_reverse(windows, window, hp, wp):
-    """Inverse of :func:`window_partition`: either layout back to a ``(B, Hp, Wp, C)`` map."""
+    """Inverse of :func:`window_partition`: windows back to a ``(B, Hp, Wp, C)`` map, in one
+    copy. Layouts: ``(B·nW, wh·ww, C)``, per head ``(B, nW, h, wh·ww, d)``, or heads apart
+    ``(B·nW, wh·ww, h, d)`` (the attention ops' output, possibly a transposed view)."""
     wh, ww = _pair(window)
     gh, gw = hp // wh, wp // ww
     if windows.dim() == 5:  # (B, nW, h, wh·ww, d)
         b, _, h, _, d = windows.shape
         x = windows.reshape(b, gh, gw, h, wh, ww, d).permute(0, 1, 4, 2, 5, 3, 6)
         return x.reshape(b, hp, wp, h * d)
+    if windows.dim() == 4:  # (B·nW, wh·ww, h, d)
+        h, d = windows.shape[2:]
+        x = windows.reshape(-1, gh, gw, wh, ww, h, d).permute(0, 1, 3, 2, 4, 5, 6)
+        return x.reshape(-1, hp, wp, h * d)
     c = windows.shape[-1]
     x = windows.reshape(-1, gh, gw, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
     return x.reshape(-1, hp, wp, c)
@@ -125,4 +131,3 @@ def _window_order_unpadded(height, width, window, shift, device, inference):
     inside = (rows < height) & (cols < width)
     slots = torch.where(inside, rows * width + cols, torch.zeros_like(order))
     return slots, (~inside).nonzero().flatten()
-

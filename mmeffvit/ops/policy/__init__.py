@@ -28,6 +28,7 @@ Example:
 import contextlib
 import dataclasses
 import functools
+import importlib
 import os
 import threading
 
@@ -142,8 +143,7 @@ def policy() -> KernelPolicy:
 
 @contextlib.contextmanager
 def _override(new):
-    from ..ext_loader import load_ext  # imported here: ext_loader reads this module
-    ext = load_ext()
+    ext = load_extension()
     _overrides.append(new)
     gemm_before = apply_to_extension(ext, new)
     try:
@@ -184,6 +184,31 @@ def use_kernels(required=True, cpu_gemm=None):
     return _override(dataclasses.replace(policy(), **changes))
 
 
+_extension = []  # [module or None, the ImportError or None], once imported
+_extension_lock = threading.Lock()  # not _lock: handing over the GEMM reads the policy
+
+
+def load_extension():
+    """The compiled module ``mmeffvit._ext`` with the policy's GEMM handed to it, or None when
+    it is not built (imported once; :func:`mmeffvit.ops.load_ext`)."""
+    if not _extension:
+        with _extension_lock:
+            if not _extension:
+                try:
+                    ext, error = importlib.import_module('mmeffvit._ext'), None
+                except ImportError as err:  # not built (or built for another torch)
+                    ext, error = None, err
+                else:  # the kernels' block products on the policy's GEMM
+                    apply_to_extension(ext)
+                _extension.extend((ext, error))
+    return _extension[0]
+
+
+def extension_error():
+    """Why :func:`load_extension` found no compiled module (None if it did or was not asked)."""
+    return _extension[1] if _extension else None
+
+
 def apply_to_extension(ext, current=None):
     """Hand the policy's block-product GEMM to the compiled kernels (``ext.set_cpu_gemm``);
     returns the previous C++ setting, or None where the extension has no such switch."""
@@ -197,8 +222,7 @@ def describe(current=None) -> str:
     p = current or policy()
     raw = {name: os.environ.get(name, '') for name in _VARIABLES}
     shown = {name: f'{name}={value}' if value else f'{name} unset' for name, value in raw.items()}
-    from ..ext_loader import load_ext  # imported here: ext_loader reads this module
-    ext = load_ext()
+    ext = load_extension()
     built = 'not built' if ext is None else (
         'built, with CUDA kernels' if ext.compiled_with_cuda() else 'built, CPU kernels only')
     ops_why = {'reference': 'the PyTorch references everywhere',

@@ -1,15 +1,20 @@
-"""mmeffvit.ops.window_attention: the compiled CPU operator against an explicit float64 softmax,
-its fallbacks, argument checks, and the window attention of the models that call it."""
+"""mmeffvit.ops.window_attention and gathered_window_attention: every path (the compiled CPU
+operators, the recomputing backward of a trained bias, torch's attention) against an explicit
+float64 softmax, their fallbacks, argument checks, and the models that call them."""
 import importlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmeffvit import ops
 from mmeffvit.models.layers.relative_position import WindowMSA
 from mmeffvit.ops import window_attention, window_attention_ref
-from mmeffvit.ops.window_attention import window_attention_applies
+from mmeffvit.ops.window_attention import (_GatheredKeysAttention,
+                                           _gathered_window_attention_applies, gather_keys,
+                                           reused_gather_buffer)
+from mmeffvit.ops.window_attention import _window_attention_applies as window_attention_applies
 
 needs_ext = pytest.mark.skipif(
     ops.load_ext() is None or not hasattr(ops.load_ext(), 'window_attention_forward'),
@@ -22,13 +27,12 @@ def ops_on(monkeypatch, switch_kernels):
 
 
 def naive(q, k, v, mask, scale):
-    """Explicit float64 ``softmax(q·kᵀ·scale + mask)·v``, heads merged (independent of both)."""
+    """Explicit float64 ``softmax(q·kᵀ·scale + mask)·v``, heads apart ``(BW, n, h, d)``
+    (independent of both)."""
     scores = q.double() @ k.double().transpose(-2, -1) * scale
     if mask is not None:
         scores = scores + mask.double()
-    out = scores.softmax(-1) @ v.double()
-    bw, h, n, d = q.shape
-    return out.transpose(1, 2).reshape(bw, n, h * d)
+    return (scores.softmax(-1) @ v.double()).transpose(1, 2)
 
 
 def qkv_views(bw, n, heads, d, generator):
@@ -54,7 +58,7 @@ def test_matches_explicit_softmax(ops_on, n, d, mask_shape):
     scale = d ** -0.5
     assert window_attention_applies(q, k, v, mask)
     out = window_attention(q, k, v, mask, scale)
-    assert out.shape == (5, n, 3 * d) and out.is_contiguous()
+    assert out.shape == (5, n, 3, d) and out.is_contiguous()
     torch.testing.assert_close(out.double(), naive(q, k, v, mask, scale), rtol=1e-5, atol=1e-5)
     # the reference path agrees with the same explicit form
     torch.testing.assert_close(window_attention_ref(q, k, v, mask, scale).double(),
@@ -149,7 +153,7 @@ def test_compiled_entry_point_checks_arguments():
     # a last dim that is not unit-stride is made contiguous, not misread
     qt = torch.randn(2, 3, 8, 16).transpose(-1, -2)
     torch.testing.assert_close(ext.window_attention_forward(qt, qt, qt, None, 0.5).double(),
-                               naive(qt, qt, qt, None, 0.5), rtol=1e-5, atol=1e-5)
+                               naive(qt, qt, qt, None, 0.5).flatten(2), rtol=1e-5, atol=1e-5)
 
 
 @needs_ext
@@ -173,7 +177,7 @@ def test_window_msa_inference_matches_sdpa_path(monkeypatch, switch_kernels, win
 
 def gathered_naive(q, bank, index, bias, key_mask, scale):
     """Explicit float64 form of the gathered attention: each window's keys picked from the bank
-    by Python indexing, scores plus bias plus key mask, softmax, values; heads merged."""
+    by Python indexing, scores plus bias plus key mask, softmax, values; heads apart."""
     bw, h, nq, d = q.shape
     nw, nk = index.shape
     out = torch.empty(bw, nq, h * d, dtype=torch.float64)
@@ -189,7 +193,7 @@ def gathered_naive(q, bank, index, bias, key_mask, scale):
             if key_mask is not None:
                 scores = scores + key_mask[window if key_mask.shape[0] > 1 else 0].double()
             out[b, :, head * d:(head + 1) * d] = scores.softmax(-1) @ v
-    return out
+    return out.view(bw, nq, h, d)
 
 
 def gathered_case(images, nw, nq, nk, heads, d, rows, generator, bias_heads=None,
@@ -217,10 +221,9 @@ def test_gathered_matches_explicit_softmax(ops_on, nq, nk, d, bias_heads, mask_w
     g = torch.Generator().manual_seed(nq + nk + d)
     case = gathered_case(2, 4, nq, nk, 3, d, 60, g, bias_heads, mask_windows)
     assert ops.gathered_window_attention.__module__.endswith('window_attention')
-    from mmeffvit.ops.window_attention import gathered_window_attention_applies
-    assert gathered_window_attention_applies(*case)
+    assert _gathered_window_attention_applies(*case)
     out = ops.gathered_window_attention(*case, scale=d ** -0.5)
-    assert out.shape == (8, nq, 3 * d) and out.is_contiguous()
+    assert out.shape == (8, nq, 3, d) and out.is_contiguous()
     want = gathered_naive(*case, d ** -0.5)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     # the reference (gather, summed mask, torch's attention) agrees with the same explicit form
@@ -231,8 +234,7 @@ def test_gathered_matches_explicit_softmax(ops_on, nq, nk, d, bias_heads, mask_w
 def test_gathered_reference_when_ops_are_off(monkeypatch, switch_kernels):
     switch_kernels.reference()
     case = gathered_case(1, 3, 9, 14, 2, 8, 20, torch.Generator().manual_seed(6), 2, 3)
-    from mmeffvit.ops.window_attention import gathered_window_attention_applies
-    assert not gathered_window_attention_applies(*case)
+    assert not _gathered_window_attention_applies(*case)
     torch.testing.assert_close(ops.gathered_window_attention(*case).double(),
                                gathered_naive(*case, 8 ** -0.5), rtol=1e-5, atol=1e-5)
     q, bank, index, bias, key_mask = case
@@ -277,16 +279,20 @@ def test_focal_inference_matches_sdpa_path(monkeypatch, switch_kernels, mask_bor
     index, bias and key mask added in the kernel) against MMEFFVIT_OPS=0 (gathered keys,
     summed mask, torch's attention), borders masked (-inf) or official (-100), odd sizes."""
     from mmeffvit.models import FocalTransformer
-    module = importlib.import_module('mmeffvit.ops.window_attention')  # the function shadows it
-    calls = []
-    compiled = module.gathered_window_attention
+    ext = ops.load_ext()
+    calls, compiled = [], []
+    entry, kernel = ops.gathered_window_attention, ext.gathered_window_attention_forward
 
     def counted(*args, **kwargs):
-        calls.append(module.gathered_window_attention_applies(*args[:5]))
-        return compiled(*args, **kwargs)
+        calls.append(1)
+        return entry(*args, **kwargs)
 
-    monkeypatch.setattr('mmeffvit.models.backbones.focal_transformer.gathered_window_attention',
-                        counted)
+    def counted_kernel(*args):
+        compiled.append(1)
+        return kernel(*args)
+
+    monkeypatch.setattr(ops, 'gathered_window_attention', counted)
+    monkeypatch.setattr(ext, 'gathered_window_attention_forward', counted_kernel)
     torch.manual_seed(0)
     model = FocalTransformer(dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4]),
                              focal_levels=[levels] * 4, mask_borders=mask_borders,
@@ -299,9 +305,199 @@ def test_focal_inference_matches_sdpa_path(monkeypatch, switch_kernels, mask_bor
     with torch.no_grad():
         switch_kernels.reference()
         ref = model(x)
-        assert not calls
+        assert calls and not compiled
+        calls.clear()
         switch_kernels()
         out = model(x)
-    assert calls and all(calls)  # every block took the compiled operator
+    assert len(compiled) == len(calls) == 5  # every block took the compiled operator
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
+    """The training path that gathers keys again in backward (bias with a gradient) against
+    autograd through the gather and an explicit softmax, float64; the index repeats keys (ring
+    duplicates, the zero token) so that the scatter back into the bank adds."""
+    gen = torch.Generator().manual_seed(5)
+    b, nw, heads, n, d, m = 2, 3, 2, 4, 3, 9
+    q = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    bank = torch.randn(b, m, 2, heads * d, generator=gen, dtype=torch.float64,
+                       requires_grad=True)
+    index = torch.randint(0, m, (nw, 6), generator=gen)
+    index[:, -1] = m - 1  # every window reads the last token
+    bias = torch.randn(1, heads, n, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(b * nw, 1, 1, 6, dtype=torch.float64)
+    mask[::2, ..., 0] = float('-inf')
+    grad = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64)
+    out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, 0.4)
+    got = torch.autograd.grad(out, (q, bank, bias), grad)
+    k, v = gather_keys(bank, index, heads)
+    ref = ((q @ k.transpose(-2, -1)) * 0.4 + bias + mask).softmax(-1) @ v
+    want = torch.autograd.grad(ref, (q, bank, bias), grad)
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_gather_keys_matches_indexing_and_reuses_one_buffer():
+    gen = torch.Generator().manual_seed(3)
+    b, m, heads, d = 2, 11, 3, 4
+    bank = torch.randn(b, m, 2, heads * d, generator=gen)
+    index = torch.randint(0, m, (5, 7), generator=gen)
+
+    def expected(idx):  # plain indexing, image by image
+        kv = torch.stack([bank[i, idx.reshape(-1)] for i in range(b)])  # (b, nW·N, 2, C)
+        kv = kv.view(b * idx.shape[0], idx.shape[1], 2, heads, d)
+        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    with reused_gather_buffer():
+        first = gather_keys(bank, index, heads)
+        for got, want in zip(first, expected(index)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        second = gather_keys(bank, index[:3, :5], heads)  # a later, smaller block
+        for got, want in zip(second, expected(index[:3, :5])):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert storage(second[0]) == storage(first[0])
+        # autograd through the bank: a tensor of its own, and the gradient arrives
+        trained = bank.clone().requires_grad_()
+        k, v = gather_keys(trained, index, heads)
+        assert storage(k) != storage(first[0])
+        (k.sum() + 2 * v.sum()).backward()
+        counts = torch.bincount(index.reshape(-1), minlength=m).float()
+        torch.testing.assert_close(trained.grad[:, :, 0], counts[None, :, None].expand(b, m, 12))
+    outside = gather_keys(bank, index, heads)
+    assert storage(outside[0]) != storage(first[0])
+
+
+def test_gathered_attention_backward_reuses_the_forward_workspace():
+    """Blocks run inside one scope (as the backbone's forward): their backwards reuse the
+    forward's workspace, the last one frees it, and every gradient equals the one computed
+    without a workspace (fresh tensors)."""
+    rp = importlib.import_module('mmeffvit.ops.window_attention')  # the function shadows it
+    gen = torch.Generator().manual_seed(7)
+    b, heads, d, m = 2, 2, 3, 10
+    q = torch.randn(b * 3, heads, 4, d, generator=gen, requires_grad=True)
+    bank = torch.randn(b, m, 2, heads * d, generator=gen, requires_grad=True)
+    indexes = [torch.randint(0, m, (3, n), generator=gen) for n in (6, 8, 5)]  # grow, shrink
+    bias = torch.randn(1, heads, 4, 8, generator=gen, requires_grad=True)
+    mask = torch.zeros(b * 3, 1, 1, 8)
+    mask[1::2, ..., 0] = float('-inf')
+
+    def run():
+        x = q
+        for index in indexes:  # each block attends with the previous output as its query
+            n = index.shape[1]
+            x = rp._GatheredKeysAttention.apply(x, bank * 1.5, index, bias[..., :n],
+                                                mask[..., :n], 0.5)
+        return torch.autograd.grad(x.square().sum(), (q, bank, bias))
+
+    want = run()
+    used = []
+    get = rp.Workspace.get
+
+    def spy(self, name, *args):
+        used.append(name)
+        return get(self, name, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rp.Workspace, 'get', spy)
+        with rp.reused_gather_buffer():
+            workspace = rp.current_workspace()
+            x = q
+            for index in indexes:
+                n = index.shape[1]
+                x = rp._GatheredKeysAttention.apply(x, bank * 1.5, index, bias[..., :n],
+                                                    mask[..., :n], 0.5)
+        assert workspace.calls == 3 and set(workspace.buffers) == {
+            ('keys', torch.float32, torch.device('cpu')),
+            ('scores', torch.float32, torch.device('cpu'))}
+        got = torch.autograd.grad(x.square().sum(), (q, bank, bias))
+    assert {'grad_scores', 'grad_k', 'grad_v'} <= set(used)
+    assert workspace.buffers == {}  # freed by the last backward
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('path', ['reference', 'kernels'])
+@pytest.mark.parametrize('with_mask', [False, True])
+def test_trained_bias_matches_explicit_softmax_with_gradients(switch_kernels, path, with_mask):
+    """A relative bias that needs a gradient (training the table): output and the gradients of
+    q, k, v and the bias against autograd through an explicit softmax, float64, v narrower
+    than q; the backward recomputes the probabilities on either policy."""
+    switch_kernels.reference() if path == 'reference' else switch_kernels(required=False)
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(6, 2, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    v = torch.randn(6, 2, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(1, 2, 9, 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = None
+    if with_mask:
+        mask = torch.zeros(6, 1, 9, 9, dtype=torch.float64).masked_fill(
+            torch.rand(6, 1, 9, 9, generator=gen) < 0.3, -100.)
+    out = window_attention(q, k, v, mask, 0.4, bias=bias)
+    assert out.shape == (6, 9, 2, 3)
+    assert 'Recomputed' in type(out.grad_fn.next_functions[0][0]).__name__
+    scores = q @ k.transpose(-2, -1) * 0.4 + bias + (0 if mask is None else mask)
+    ref = (scores.softmax(-1) @ v).transpose(1, 2)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v, bias), grad)
+    want = torch.autograd.grad(ref, (q, k, v, bias), grad)
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    # a bias without a gradient is summed with the mask: the reference's form
+    torch.testing.assert_close(window_attention(q, k, v, mask, 0.4, bias=bias.detach()),
+                               window_attention_ref(q, k, v, mask, 0.4, bias=bias.detach()))
+
+
+def test_dropout_runs_torch_attention_with_the_summed_mask():
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = qkv_views(4, 16, 2, 8, gen)
+    bias = torch.randn(1, 2, 16, 16, generator=gen)
+    mask = torch.zeros(4, 1, 16, 16).masked_fill(torch.rand(4, 1, 16, 16, generator=gen) < .3,
+                                                 -100.)
+    torch.manual_seed(0)
+    out = window_attention(q, k, v, mask, 0.3, bias=bias, dropout=0.5)
+    torch.manual_seed(0)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, dropout_p=0.5,
+                                          scale=0.3).transpose(1, 2)
+    assert torch.equal(out, want)
+    assert not torch.allclose(out, window_attention(q, k, v, mask, 0.3, bias=bias))
+
+
+@pytest.mark.parametrize('path', ['reference', 'kernels'])
+@pytest.mark.parametrize('mask_windows', [None, 3, 1])
+def test_gathered_trained_bias_matches_explicit_softmax_with_gradients(switch_kernels, path,
+                                                                       mask_windows):
+    """Focal's training path through the entry point (tables trained: the bias needs a
+    gradient): output and the gradients of q, the bank and the bias against autograd through
+    the explicit Python-indexed form, float64, the bias given as the model's ``(h, nq, nk)``."""
+    switch_kernels.reference() if path == 'reference' else switch_kernels(required=False)
+    gen = torch.Generator().manual_seed(13)
+    q, bank, index, bias, key_mask = gathered_case(2, 3, 5, 7, 2, 4, 11, gen, 2, mask_windows)
+    q, bank, bias = (t.double().requires_grad_() for t in (q, bank, bias))
+    key_mask = None if key_mask is None else key_mask.double()
+    out = ops.gathered_window_attention(q, bank, index, bias, key_mask, 0.4)
+    assert out.shape == (6, 5, 2, 4)
+    ref = gathered_naive(q, bank, index, bias, key_mask, 0.4)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, bank, bias), grad)
+    want = torch.autograd.grad(ref, (q, bank, bias), grad)
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_gathered_dropout_runs_torch_attention_on_the_gathered_keys():
+    gen = torch.Generator().manual_seed(14)
+    q, bank, index, bias, key_mask = gathered_case(2, 3, 5, 7, 2, 4, 11, gen, 2, 3)
+    torch.manual_seed(0)
+    out = ops.gathered_window_attention(q, bank, index, bias, key_mask, 0.4, dropout=0.5)
+    k, v = gather_keys(bank, index, 2)
+    mask = (bias[None] + key_mask[:, None, None]).repeat(2, 1, 1, 1)
+    torch.manual_seed(0)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5, scale=0.4)
+    assert torch.equal(out, want.transpose(1, 2))
