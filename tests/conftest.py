@@ -75,6 +75,21 @@ def switch_kernels():
     switch.close()
 
 
+@pytest.fixture(params=['reference', 'onednn', 'aten'])
+def kernel_path(request, switch_kernels):
+    """The policy a test runs under, by name: ``use_reference()``, or the kernels where built
+    with the CPU linears on each GEMM the policy can choose (skipped where this torch lacks
+    oneDNN's linear)."""
+    if request.param == 'reference':
+        switch_kernels.reference()
+    else:
+        from mmeffvit.ops.policy import ONEDNN_LINEAR
+        if request.param == 'onednn' and not ONEDNN_LINEAR:
+            pytest.skip('this torch has no oneDNN linear kernel')
+        switch_kernels(required=False, cpu_gemm=request.param)
+    return request.param
+
+
 @pytest.fixture(params=['onednn', 'aten'])
 def linear_gemm(request):
     """Runs a test with the CPU linears on each GEMM the policy can choose

@@ -15,15 +15,10 @@ from mmeffvit.ops.policy import ONEDNN_LINEAR
 attention_ops = importlib.import_module('mmeffvit.ops.attention')  # ops.attention: the function
 
 
-@pytest.fixture(params=['reference', 'onednn', 'aten'])
-def path(request, switch_kernels):
-    if request.param == 'reference':
-        switch_kernels.reference()
-    else:
-        if request.param == 'onednn' and not ONEDNN_LINEAR:
-            pytest.skip('this torch has no oneDNN linear kernel')
-        switch_kernels(required=False, cpu_gemm=request.param)
-    return request.param
+@pytest.fixture
+def path(kernel_path):
+    """The policy of the test (conftest's ``kernel_path``)."""
+    return kernel_path
 
 
 def _attention64(q, k, v, scale, bias=None, key_mask=None):

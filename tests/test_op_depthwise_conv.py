@@ -14,16 +14,10 @@ from mmeffvit import ops
 dw_ops = importlib.import_module('mmeffvit.ops.depthwise_conv')
 
 
-@pytest.fixture(params=['reference', 'onednn', 'aten'])
-def path(request, switch_kernels):
-    """The policy a test runs under: ``use_reference()`` or the kernels on each CPU GEMM."""
-    if request.param == 'reference':
-        switch_kernels.reference()
-    else:
-        if request.param == 'onednn' and not ops.policy.ONEDNN_LINEAR:
-            pytest.skip('this torch has no oneDNN linear kernel')
-        switch_kernels(required=False, cpu_gemm=request.param)
-    return request.param
+@pytest.fixture
+def path(kernel_path):
+    """The policy of the test (conftest's ``kernel_path``)."""
+    return kernel_path
 
 
 def _conv64(x_map, weight, bias, padding, act):

@@ -14,15 +14,10 @@ from mmeffvit.ops.policy import ONEDNN_LINEAR
 qkv_ops = importlib.import_module('mmeffvit.ops.focused_qkv_attention')  # shadowed in ops
 
 
-@pytest.fixture(params=['reference', 'onednn', 'aten'])
-def path(request, switch_kernels):
-    if request.param == 'reference':
-        switch_kernels.reference()
-    else:
-        if request.param == 'onednn' and not ONEDNN_LINEAR:
-            pytest.skip('this torch has no oneDNN linear kernel')
-        switch_kernels(required=False, cpu_gemm=request.param)
-    return request.param
+@pytest.fixture
+def path(kernel_path):
+    """The policy of the test (conftest's ``kernel_path``)."""
+    return kernel_path
 
 
 def _case(batch=2, hw=(6, 7), c=24, heads=3, pe=True, seed=0):

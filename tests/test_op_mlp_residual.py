@@ -13,15 +13,10 @@ from mmeffvit import ops
 ops_linear = importlib.import_module('mmeffvit.ops.linear')  # ops.linear: the function
 
 
-@pytest.fixture(params=['reference', 'onednn', 'aten'])
-def path(request, switch_kernels):
-    if request.param == 'reference':
-        switch_kernels.reference()
-    else:
-        if request.param == 'onednn' and not ops.policy.ONEDNN_LINEAR:
-            pytest.skip('this torch has no oneDNN linear kernel')
-        switch_kernels(required=False, cpu_gemm=request.param)
-    return request.param
+@pytest.fixture
+def path(kernel_path):
+    """The policy of the test (conftest's ``kernel_path``)."""
+    return kernel_path
 
 
 def _case(tokens=300, dims=24, hidden=96, seed=0, dtype=torch.float32):

@@ -35,6 +35,15 @@ def naive(q, k, v, mask, scale):
     return (scores.softmax(-1) @ v.double()).transpose(1, 2)
 
 
+def assert_close_with_grads(out, ref, inputs, grad):
+    """``out`` equals ``ref``, and so do their gradients for ``inputs`` given ``grad``."""
+    torch.testing.assert_close(out, ref)
+    got = torch.autograd.grad(out, inputs, grad)
+    want = torch.autograd.grad(ref, inputs, grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
 def qkv_views(bw, n, heads, d, generator):
     """q, k, v as the per-head views of one fused projection (BW, n, 3·h·d), as the models
     make them (strided, unit stride in the last dim)."""
@@ -330,13 +339,9 @@ def test_gathered_keys_attention_gradients_match_autograd_through_the_gather():
     mask[::2, ..., 0] = float('-inf')
     grad = torch.randn(b * nw, heads, n, d, generator=gen, dtype=torch.float64)
     out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, 0.4)
-    got = torch.autograd.grad(out, (q, bank, bias), grad)
     k, v = gather_keys(bank, index, heads)
     ref = ((q @ k.transpose(-2, -1)) * 0.4 + bias + mask).softmax(-1) @ v
-    want = torch.autograd.grad(ref, (q, bank, bias), grad)
-    torch.testing.assert_close(out, ref)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+    assert_close_with_grads(out, ref, (q, bank, bias), grad)
 
 
 def test_gather_keys_matches_indexing_and_reuses_one_buffer():
@@ -443,11 +448,7 @@ def test_trained_bias_matches_explicit_softmax_with_gradients(switch_kernels, pa
     scores = q @ k.transpose(-2, -1) * 0.4 + bias + (0 if mask is None else mask)
     ref = (scores.softmax(-1) @ v).transpose(1, 2)
     grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(out, (q, k, v, bias), grad)
-    want = torch.autograd.grad(ref, (q, k, v, bias), grad)
-    torch.testing.assert_close(out, ref)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+    assert_close_with_grads(out, ref, (q, k, v, bias), grad)
     # a bias without a gradient is summed with the mask: the reference's form
     torch.testing.assert_close(window_attention(q, k, v, mask, 0.4, bias=bias.detach()),
                                window_attention_ref(q, k, v, mask, 0.4, bias=bias.detach()))
@@ -484,11 +485,7 @@ def test_gathered_trained_bias_matches_explicit_softmax_with_gradients(switch_ke
     assert out.shape == (6, 5, 2, 4)
     ref = gathered_naive(q, bank, index, bias, key_mask, 0.4)
     grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(out, (q, bank, bias), grad)
-    want = torch.autograd.grad(ref, (q, bank, bias), grad)
-    torch.testing.assert_close(out, ref)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+    assert_close_with_grads(out, ref, (q, bank, bias), grad)
 
 
 def test_gathered_dropout_runs_torch_attention_on_the_gathered_keys():
