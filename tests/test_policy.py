@@ -188,3 +188,20 @@ def test_only_the_policy_reads_kernel_variables():
     assert KERNEL_WRITE.search("monkeypatch.setenv('MMEFFVIT_OPS', '1')")
     assert KERNEL_WRITE.search("os.environ['MMEFFVIT_OPS'] = '0'")
     assert KERNEL_WRITE.search("monkeypatch.setattr(linear, 'LINEAR_KERNEL', 'onednn')")
+
+
+def test_reference_on_a_cuda_tensor_is_logged_once(monkeypatch):
+    """Auto mode on a CUDA tensor (a fake one: no GPU needed) takes the reference and says so
+    once per process."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    loader = importlib.import_module('mmeffvit.ops.ext_loader')
+    monkeypatch.setattr(loader, '_logged', False)
+    logged = []
+    monkeypatch.setattr('mmengine.logging.print_log', lambda msg, **kw: logged.append(msg))
+    with FakeTensorMode():
+        cuda = torch.empty(2, device='cuda')
+    with ops.use_kernels(required=False):
+        assert loader.get_ext(cuda) is None and loader.get_ext(cuda) is None
+    assert len(logged) == 1 and 'PyTorch reference' in logged[0]

@@ -11,8 +11,8 @@ import logging
 from .policy import extension_error, policy
 from .policy import load_extension as load_ext  # noqa: F401 (the ops' name for it)
 
-
 _MODE_NAMES = {'reference': '0', 'kernels': '1', 'auto': 'auto'}
+_logged = False  # the fallback is logged once per process
 
 
 def ops_mode():
