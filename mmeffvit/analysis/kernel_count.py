@@ -1,0 +1,147 @@
+"""What a backbone's forward would launch on a GPU, counted on a CPU with fake CUDA tensors.
+
+A :class:`~torch._subclasses.fake_tensor.FakeTensorMode` holds the model's parameters and the
+input as CUDA tensors that have shapes, dtypes and strides but no memory and never compute, so
+every path the model takes for a CUDA tensor runs (the entry points of :mod:`mmeffvit.ops`
+choose their CUDA branches) on a machine without a GPU. A
+:class:`~torch.utils._python_dispatch.TorchDispatchMode` inside it sees every ATen operator:
+
+* *kernels*: operators that launch work, i.e. not views, not metadata queries and not bare
+  allocations (one ATen operator is one kernel in eager CUDA, give or take a fused epilogue);
+* *bytes*: the bytes of the tensor arguments read plus the outputs written by those operators
+  (an upper bound on the traffic of each kernel: it ignores caching between them);
+* *FLOPs*: of the matrix products and convolutions (``torch.utils.flop_counter``);
+* *data-dependent operators*: those whose output shape or a Python value depends on tensor
+  data (``nonzero``, ``item`` / ``bool(tensor)`` / ``tolist``'s ``_local_scalar_dense``,
+  ``masked_select``, ``unique``, ``repeat_interleave`` without a size). On a real GPU each is a
+  device-to-host sync; fake tensors, ``torch.compile(fullgraph=True)``, CUDA graphs and export
+  stop at the first one, and so does the count (the operator and its caller are reported).
+
+bf16 is counted by casting the model and the input (CUDA autocast switches itself off where
+no GPU is present).
+"""
+import collections
+import dataclasses
+import traceback
+
+import torch
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+#: operators whose output shape or returned value depends on tensor data
+DATA_DEPENDENT = frozenset({
+    'aten.nonzero', 'aten._local_scalar_dense', 'aten.masked_select', 'aten.unique',
+    'aten._unique', 'aten._unique2', 'aten.unique_dim', 'aten.unique_consecutive',
+    'aten.argwhere', 'aten.equal', 'aten.is_nonzero'})
+#: operators that launch no kernel: allocations, metadata, aliasing
+NO_KERNEL = frozenset({
+    'aten.empty', 'aten.empty_strided', 'aten.empty_like', 'aten.new_empty',
+    'aten.new_empty_strided', 'aten.detach', 'aten.alias', 'aten.lift_fresh', 'aten.sym_size',
+    'aten.sym_stride', 'aten.sym_numel', 'aten.sym_storage_offset', 'aten.is_contiguous',
+    'aten.is_same_size', 'aten._has_compatible_shallow_copy_type', 'aten.set_', 'aten.resize_',
+    'aten.is_coalesced', 'aten.dim', 'aten.size', 'aten.stride', 'aten.numel',
+    'aten._unsafe_view', 'aten._reshape_alias'})
+
+
+@dataclasses.dataclass
+class Count:
+    """What one forward (or backward) launched."""
+    kernels: int = 0
+    bytes: int = 0
+    flops: int = 0
+    data_dependent: list = dataclasses.field(default_factory=list)  # 'op at file:line'
+    by_op: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+def _tensor_bytes(values):
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            total += _tensor_bytes(value)
+    return total
+
+
+def _caller():
+    """``file:line`` of the innermost frame of mmeffvit (or, failing that, outside torch)."""
+    frames = traceback.extract_stack()[:-3]
+    for frame in reversed(frames):
+        if '/mmeffvit/' in frame.filename and '/analysis/' not in frame.filename:
+            return f'{frame.filename.split("/mmeffvit/", 1)[1]}:{frame.lineno}'
+    for frame in reversed(frames):
+        if '/torch/' not in frame.filename:
+            return f'{frame.filename}:{frame.lineno}'
+    return '?'
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the kernels, bytes and data-dependent operators of what runs inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = Count()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        flagged = name in DATA_DEPENDENT or (name == 'aten.repeat_interleave'
+                                             and kwargs.get('output_size') is None
+                                             and isinstance(args[0], torch.Tensor)
+                                             and len(args) < 2)
+        if flagged:
+            self.count.data_dependent.append(f'{name} at {_caller()}')
+        try:
+            out = func(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            if not flagged:  # e.g. indexing by a boolean mask (a nonzero inside)
+                self.count.data_dependent.append(f'{name} at {_caller()}')
+            raise
+        if not (func.is_view or name in NO_KERNEL or name.startswith('prim.')):
+            self.count.kernels += 1
+            self.count.by_op[name] += 1
+            self.count.bytes += _tensor_bytes(args) + _tensor_bytes(kwargs.values())
+            self.count.bytes += _tensor_bytes(out if isinstance(out, (list, tuple)) else [out])
+        return out
+
+
+def _run_counted(fn):
+    """``fn()`` under the counter and a FLOP counter; the count, stopped at the first
+    data-dependent operator where the fake tensors cannot go on."""
+    counter = KernelCounter()
+    flops = FlopCounterMode(display=False)
+    result = None
+    try:
+        with flops, counter:
+            result = fn()
+    except Exception as err:  # noqa: BLE001 (data-dependent shapes end a fake run)
+        if not counter.count.data_dependent:
+            raise
+        counter.count.data_dependent.append(f'stopped: {type(err).__name__}')
+    counter.count.flops = flops.get_total_flops()
+    return counter.count, result
+
+
+def count_backbone(model, shape=(800, 1333), batch=2, dtype=torch.float32, train=False):
+    """Counts of a forward of ``model`` on fake CUDA tensors (the second of two of that size,
+    its per-shape caches filled; the first where that one stops), in eval or ``train`` mode
+    (autograd recording; its backward cannot run here: the autograd engine asks the CUDA
+    driver for a device context, which a machine without a GPU does not have).
+
+    Returns:
+        Count: the model is left on fake tensors (build a fresh one to run it for real).
+    """
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to(device='cuda', dtype=dtype)
+        model.train(train)
+        x = torch.randn(batch, 3, *shape, device='cuda', dtype=dtype)
+        with torch.set_grad_enabled(train):
+            # the first call fills the per-shape caches (index tables, masks): its syncs count,
+            # its kernels not; the second is what every later step of that size launches
+            first, _ = _run_counted(lambda: model(x))
+            if first.data_dependent:
+                return first
+            forward, _ = _run_counted(lambda: model(x))
+    return forward
