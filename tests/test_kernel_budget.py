@@ -35,6 +35,18 @@ def test_kernels_within_budget_and_no_new_sync(name, mode):
         f"{name} ({mode}): {count.kernels} kernels, budget {budget['kernels']}")
 
 
+@pytest.mark.parametrize('name', sorted(BUDGET['cases']))
+def test_no_sync_at_an_odd_size(name):
+    """Padded windows, stripes and pooled borders at a size no stride divides: no forward,
+    eval or training, reads tensor data on the host (index tables are built on the host)."""
+    from mmeffvit.analysis.benchmark_worker import build_case
+    scope, cfg, _ = benchmark.CASES[name]
+    for train in (False, True):
+        count = count_backbone(build_case(dict(scope=scope, cfg=cfg)), (333, 517), 1,
+                               torch.float32, train)
+        assert count.data_dependent == [], (name, train)
+
+
 def test_every_mmeffvit_case_has_a_budget():
     cases = {n for n, (scope, _, _) in benchmark.CASES.items() if scope == 'mmeffvit'}
     assert set(BUDGET['cases']) == cases
@@ -98,3 +110,19 @@ def test_tool_writes_the_table_between_markers_and_the_budget(tmp_path):
     written = json.loads(budget.read_text())
     assert written['shape'] == [64, 96] and set(written['cases']) == {'LaViT-T'}
     assert written['cases']['LaViT-T']['eval'] == dict(kernels=lavit, data_dependent=[])
+
+
+def test_the_count_sees_the_unhooked_paths():
+    """Layers take other paths where hooks watch them (``_without_hooks``); the counter must
+    not install global module hooks (torch's FlopCounterMode does)."""
+    from torch.nn.modules import module as torch_module
+    seen = []
+
+    class Probe(TwoLayers):
+        def forward(self, x):
+            seen.append(bool(torch_module._global_forward_hooks
+                             or torch_module._global_forward_pre_hooks))
+            return super().forward(x)
+
+    count_backbone(Probe(), shape=(2, 4), batch=1)
+    assert seen == [False, False]

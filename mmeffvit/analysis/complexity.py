@@ -63,7 +63,7 @@ NO_MAC_OPS = frozenset([
     'aten::linspace', 'aten::new_ones', 'aten::ones_like', 'aten::empty_like', 'aten::clone',
     'aten::flip', 'aten::unflatten', 'aten::movedim', 'aten::numel', 'aten::feature_dropout',
     'aten::masked_select', 'aten::all', 'aten::any', 'aten::logical_and', 'aten::logical_not',
-    'aten::nonzero_numpy', 'aten::diagonal',
+    'aten::nonzero_numpy', 'aten::diagonal', 'aten::lift_fresh',
     'aten::sqrt_', 'aten::exp_', 'aten::log_', 'aten::clamp_min_',
     # compiled operators without products: FLatten's fused focusing function, mmcv / torchvision
     # RoI sampling and NMS of the detectors' heads

@@ -10,7 +10,9 @@ choose their CUDA branches) on a machine without a GPU. A
   allocations (one ATen operator is one kernel in eager CUDA, give or take a fused epilogue);
 * *bytes*: the bytes of the tensor arguments read plus the outputs written by those operators
   (an upper bound on the traffic of each kernel: it ignores caching between them);
-* *FLOPs*: of the matrix products and convolutions (``torch.utils.flop_counter``);
+* *FLOPs*: of the matrix products, convolutions and attention kernels (the formulas of
+  ``torch.utils.flop_counter``; not its ``FlopCounterMode``, whose global module hooks would
+  send the models down their hooked paths);
 * *data-dependent operators*: those whose output shape or a Python value depends on tensor
   data (``nonzero``, ``item`` / ``bool(tensor)`` / ``tolist``'s ``_local_scalar_dense``,
   ``masked_select``, ``unique``, ``repeat_interleave`` without a size). On a real GPU each is a
@@ -28,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 #: operators whose output shape or returned value depends on tensor data
 DATA_DEPENDENT = frozenset({
@@ -104,23 +106,24 @@ class KernelCounter(TorchDispatchMode):
             self.count.by_op[name] += 1
             self.count.bytes += _tensor_bytes(args) + _tensor_bytes(kwargs.values())
             self.count.bytes += _tensor_bytes(out if isinstance(out, (list, tuple)) else [out])
+            if func.overloadpacket in flop_registry:
+                self.count.flops += flop_registry[func.overloadpacket](*args, **kwargs,
+                                                                       out_val=out)
         return out
 
 
 def _run_counted(fn):
-    """``fn()`` under the counter and a FLOP counter; the count, stopped at the first
-    data-dependent operator where the fake tensors cannot go on."""
+    """``fn()`` under the counter; the count, stopped at the first data-dependent operator
+    where the fake tensors cannot go on."""
     counter = KernelCounter()
-    flops = FlopCounterMode(display=False)
     result = None
     try:
-        with flops, counter:
+        with counter:
             result = fn()
     except Exception as err:  # noqa: BLE001 (data-dependent shapes end a fake run)
         if not counter.count.data_dependent:
             raise
         counter.count.data_dependent.append(f'stopped: {type(err).__name__}')
-    counter.count.flops = flops.get_total_flops()
     return counter.count, result
 
 

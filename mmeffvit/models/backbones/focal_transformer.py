@@ -5,6 +5,7 @@ arXiv 2107.00641, sec. 3 (focal self-attention, Fig. 2-3) and sec. 4 (model vari
 """
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -43,13 +44,13 @@ def ring_slots(window, expand):
     rows = []
     e, w = expand, window
     for sy, sx in ((-e, -e), (-e, e), (e, -e), (e, e)):
-        keep = torch.ones(w, w, dtype=torch.bool)
+        keep = np.ones((w, w), dtype=bool)
         # drop the part of the rolled window that overlaps the window itself
         keep[slice(None, -e) if sy < 0 else slice(e, None),
              slice(None, -e) if sx < 0 else slice(e, None)] = False
-        ii, jj = keep.nonzero(as_tuple=True)
-        rows.append(torch.stack([ii, jj, torch.full_like(ii, -sy), torch.full_like(jj, -sx)], 1))
-    return torch.cat(rows)
+        ii, jj = np.nonzero(keep)  # in NumPy: a constant table, no tensor data read on a device
+        rows.append(np.stack([ii, jj, np.full_like(ii, -sy), np.full_like(jj, -sx)], 1))
+    return torch.from_numpy(np.concatenate(rows).astype(np.int64))
 
 
 def pooled_relative_index(window, region):

@@ -8,6 +8,7 @@ Transformer / L²ViT windows built on it. Maps are zero-padded at the bottom/rig
 """
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -83,13 +84,23 @@ def window_order(hp, wp, window, shift=0, device=None):
     return _window_order(hp, wp, _pair(window), shift, device, torch.is_inference_mode_enabled())
 
 
+def _window_order_table(hp, wp, window, shift):
+    # index tables in NumPy, moved to the device once per geometry: constants for tracing and
+    # compiling, and no device computation whose result the host must wait for
+    wh, ww = window
+    ys = (np.arange(hp) + shift) % hp
+    xs = (np.arange(wp) + shift) % wp
+    pos = ys[:, None] * wp + xs[None, :]
+    return pos.reshape(hp // wh, wh, wp // ww, ww).transpose(0, 2, 1, 3).reshape(-1)
+
+
+def _on_device(table, device):
+    return torch.from_numpy(np.ascontiguousarray(table, dtype=np.int64)).to(device)
+
+
 @functools.lru_cache(maxsize=64)
 def _window_order(hp, wp, window, shift, device, inference):
-    wh, ww = _pair(window)
-    ys = (torch.arange(hp, device=device) + shift) % hp
-    xs = (torch.arange(wp, device=device) + shift) % wp
-    pos = ys[:, None] * wp + xs[None, :]
-    return pos.reshape(hp // wh, wh, wp // ww, ww).permute(0, 2, 1, 3).reshape(-1)
+    return _on_device(_window_order_table(hp, wp, _pair(window), shift), device)
 
 
 def window_order_inverse(height, width, hp, wp, window, shift=0, device=None):
@@ -103,10 +114,10 @@ def window_order_inverse(height, width, hp, wp, window, shift=0, device=None):
 
 @functools.lru_cache(maxsize=64)
 def _window_order_inverse(height, width, hp, wp, window, shift, device, inference):
-    order = window_order(hp, wp, window, shift, device)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    return inverse.view(hp, wp)[:height, :width].reshape(-1)
+    order = _window_order_table(hp, wp, _pair(window), shift)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return _on_device(inverse.reshape(hp, wp)[:height, :width].reshape(-1), device)
 
 
 def window_order_unpadded(height, width, window, shift=0, device=None):
@@ -126,8 +137,8 @@ def window_order_unpadded(height, width, window, shift=0, device=None):
 def _window_order_unpadded(height, width, window, shift, device, inference):
     wh, ww = _pair(window)
     hp, wp = height + -height % wh, width + -width % ww
-    order = window_order(hp, wp, window, shift, device)
+    order = _window_order_table(hp, wp, (wh, ww), shift)
     rows, cols = order // wp, order % wp
     inside = (rows < height) & (cols < width)
-    slots = torch.where(inside, rows * width + cols, torch.zeros_like(order))
-    return slots, (~inside).nonzero().flatten()
+    slots = np.where(inside, rows * width + cols, 0)
+    return _on_device(slots, device), _on_device(np.flatnonzero(~inside), device)
