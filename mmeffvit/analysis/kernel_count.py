@@ -49,7 +49,7 @@ NO_KERNEL = frozenset({
 
 @dataclasses.dataclass
 class Count:
-    """What one forward (or backward) launched."""
+    """What one forward launched."""
     kernels: int = 0
     bytes: int = 0
     flops: int = 0
@@ -113,18 +113,17 @@ class KernelCounter(TorchDispatchMode):
 
 
 def _run_counted(fn):
-    """``fn()`` under the counter; the count, stopped at the first data-dependent operator
-    where the fake tensors cannot go on."""
+    """The count of ``fn()``, stopped at the first data-dependent operator where the fake
+    tensors cannot go on."""
     counter = KernelCounter()
-    result = None
     try:
         with counter:
-            result = fn()
+            fn()
     except Exception as err:  # noqa: BLE001 (data-dependent shapes end a fake run)
         if not counter.count.data_dependent:
             raise
         counter.count.data_dependent.append(f'stopped: {type(err).__name__}')
-    return counter.count, result
+    return counter.count
 
 
 def count_backbone(model, shape=(800, 1333), batch=2, dtype=torch.float32, train=False):
@@ -143,8 +142,8 @@ def count_backbone(model, shape=(800, 1333), batch=2, dtype=torch.float32, train
         with torch.set_grad_enabled(train):
             # the first call fills the per-shape caches (index tables, masks): its syncs count,
             # its kernels not; the second is what every later step of that size launches
-            first, _ = _run_counted(lambda: model(x))
+            first = _run_counted(lambda: model(x))
             if first.data_dependent:
                 return first
-            forward, _ = _run_counted(lambda: model(x))
+            forward = _run_counted(lambda: model(x))
     return forward
