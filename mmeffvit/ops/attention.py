@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .linear import fused_linear, onednn_gemm, onednn_inference
+from .policy import compiling
 
 
 def masked_softmax(scores, key_mask=None):
@@ -75,7 +76,7 @@ def softmax_values(scores, v, key_mask=None, dropout=0.):
     probability on the attention weights (0 in inference). Where autograd records through
     the scores (no mask, no dropout) :class:`_SoftmaxValues` stores the scores only."""
     if (key_mask is None and dropout == 0. and torch.is_grad_enabled() and scores.requires_grad
-            and not torch.jit.is_tracing()):
+            and not torch.jit.is_tracing() and not compiling()):
         return _SoftmaxValues.apply(scores, v)
     probs = masked_softmax(scores, key_mask)
     return F.dropout(probs, dropout) @ v if dropout else probs @ v, probs

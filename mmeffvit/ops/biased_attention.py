@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .policy import compiling
+
 
 def _sum_to(grad, shape):
     """Sum ``grad`` over the dimensions that ``shape`` broadcast (size 1 there)."""
@@ -153,7 +155,7 @@ def biased_attention(q, k, v, bias, mask=None, scale=None, dropout_p=0.):
     and stores no probabilities; otherwise torch's own dispatch runs on the summed mask.
     """
     if (bias is not None and bias.requires_grad and torch.is_grad_enabled()
-            and q.device.type == 'cpu' and not dropout_p):
+            and q.device.type == 'cpu' and not dropout_p and not compiling()):
         if scale is None:
             scale = q.shape[-1] ** -0.5
         return _RecomputedBiasAttention.apply(q, k, v, bias, mask, scale)

@@ -23,6 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext
 from .linear import needs_grad, onednn_applies, onednn_gemm
+from .policy import compiling
 
 _ONEDNN_CONV_POINTWISE = (torch.backends.mkldnn.is_available()
                           and hasattr(torch.ops.mkldnn, '_convolution_pointwise'))
@@ -170,7 +171,8 @@ def _custom_weight_grad_applies(x, weight):
                  or compiled_weight_grad_applies(x))
             and torch.is_grad_enabled() and weight.requires_grad
             and not torch.is_autocast_enabled('cpu')
-            and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype)
+            and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype
+            and not compiling())
 
 
 def _fused_gelu_applies(x, weight, bias):

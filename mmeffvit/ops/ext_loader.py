@@ -8,7 +8,7 @@ means the reference on CUDA tensors until they are verified; ``MMEFFVIT_OPS=1`` 
 """
 import logging
 
-from .policy import extension_error, policy
+from .policy import compiling, extension_error, policy
 from .policy import load_extension as load_ext  # noqa: F401 (the ops' name for it)
 
 _MODE_NAMES = {'reference': '0', 'kernels': '1', 'auto': 'auto'}
@@ -33,7 +33,7 @@ def _log_fallback(reason):
 def get_ext(*tensors):
     """The compiled module if the ops should run on ``tensors``, else None (reference path)."""
     mode = ops_mode()
-    if mode == '0':
+    if mode == '0' or compiling():  # opaque pybind calls to torch.compile and torch.export
         return None
     ext = load_ext()
     if ext is None:

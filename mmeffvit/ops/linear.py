@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..utils.tensor import split_heads as _plain_split_heads
 from .norm import layer_norm
-from .policy import ONEDNN_LINEAR, policy
+from .policy import ONEDNN_LINEAR, compiling, policy
 
 
 def onednn_gemm() -> bool:
@@ -34,7 +34,7 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` may run as oneDNN's fused linear kernel (see the module)."""
     return (ONEDNN_LINEAR and x.device.type == 'cpu' and x.dtype == torch.float32
             and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not compiling()
             and _get_current_dispatch_mode() is None
             and not torch._C._are_functorch_transforms_active())
 
@@ -322,6 +322,6 @@ def split_heads(projected, parts, num_heads, owned=False):
     3-D tensor, the parts' gradients are then written back over it
     (:class:`_SplitHeadsOverSpent`). Same values either way."""
     if (owned and needs_grad(projected) and projected.dim() == 3
-            and projected.is_contiguous()):
+            and projected.is_contiguous() and not compiling()):
         return _SplitHeadsOverSpent.apply(projected, parts, num_heads)
     return _plain_split_heads(projected, parts, num_heads)

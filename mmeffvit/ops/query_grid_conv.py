@@ -4,6 +4,8 @@ folded into one ``(out, in, k, k)`` kernel."""
 import torch
 import torch.nn.functional as F
 
+from .policy import compiling
+
 
 def _taps(in_len, out_len, kernel, stride):
     """Per kernel offset ``i``: how many outputs ``y < out_len`` read an input ``s·y + i`` that
@@ -113,4 +115,6 @@ def query_grid_conv(attn, weight, bias, stride, out_hw):
     Returns:
         Tensor: ``(B, out, Ho, Wo, Nk)``.
     """
+    if compiling():  # the compiler plans the memory that _QueryGridConv saves
+        return query_grid_conv_reference(attn, weight, stride, tuple(out_hw), bias)
     return _QueryGridConv.apply(attn, weight, bias, stride, tuple(out_hw))

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .biased_attention import (Workspace, _sdpa_with_terms, attention_backward,
                                biased_attention)
 from .ext_loader import get_ext
+from .policy import compiling
 
 
 def _summed(bias, mask):
@@ -79,7 +80,7 @@ def _compiled_applies(function, *tensors):
                 for t in tensors)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+            and not compiling() and _get_current_dispatch_mode() is None
             and not torch._C._are_functorch_transforms_active()):
         return False
     ext = get_ext(tensors[0])
@@ -128,16 +129,21 @@ def current_workspace():
 
 def _head_rows(index, images, bank_len, num_heads):
     """Row of every (k|v, image, window, head, slot) in the bank viewed as ``(B·M·2·h, d)``."""
-    key = (index.data_ptr(), index._version, tuple(index.shape), images, bank_len, num_heads)
-    hit = _head_rows_cache.get(key)
-    if hit is not None and hit[0] is index:
-        return hit[1]
+    tracing = compiling()  # no cache lookup inside a graph: the rows are traced
+    if not tracing:
+        key = (index.data_ptr(), index._version, tuple(index.shape), images, bank_len,
+               num_heads)
+        hit = _head_rows_cache.get(key)
+        if hit is not None and hit[0] is index:
+            return hit[1]
     device = index.device
     image = torch.arange(images, device=device)[:, None, None, None]
     token = index[None, :, None, :] + bank_len * image
     part = torch.arange(2, device=device)[:, None, None, None, None]
     head = torch.arange(num_heads, device=device)[None, None, None, :, None]
     rows = ((token[None] * 2 + part) * num_heads + head).reshape(-1)
+    if tracing:
+        return rows
     if len(_head_rows_cache) >= 8:  # a few geometries live at a time
         _head_rows_cache.clear()
     _head_rows_cache[key] = (index, rows)  # holding the index keeps its address unique
@@ -162,7 +168,8 @@ def gather_keys(bank, index, num_heads, workspace=None):
     d = c // num_heads
     rows = _head_rows(index, b, m, num_heads)
     flat = bank.reshape(b * m * 2 * num_heads, d)
-    if workspace is None and not (torch.is_grad_enabled() and bank.requires_grad):
+    if workspace is None and not (torch.is_grad_enabled() and bank.requires_grad
+                                  or compiling()):
         workspace = current_workspace()
     if workspace is None:
         kv = flat.index_select(0, rows)
@@ -312,7 +319,7 @@ def gathered_window_attention(q, bank, index, bias=None, key_mask=None, scale=No
         key_mask = key_mask[:, None, None].to(q.dtype)
     if trained:  # bias and key mask stay apart: the bias gradient is summed over less
         mask = None if key_mask is None else _per_image(key_mask, index.shape[0], images)
-        if q.device.type == 'cpu' and not dropout:
+        if q.device.type == 'cpu' and not dropout and not compiling():
             out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, scale)
         else:
             out = biased_attention(q, *gather_keys(bank, index, h), bias, mask, scale, dropout)

@@ -38,8 +38,9 @@ def resize_token_grid(tokens, src_hw, dst_hw, mode='bicubic'):
         return tokens
     b, c = tokens.shape[0], tokens.shape[-1]
     grid = at_least_fp32(tokens.reshape(b, src_hw[0], src_hw[1], c))
-    if mode not in ('bilinear', 'bicubic') or torch.jit.is_tracing():
-        # tracing (complexity counts): the plain operator, not the cached matrices' build
+    if (mode not in ('bilinear', 'bicubic') or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        # tracing (complexity counts, compiling): the plain operator, not the cached matrices
         kwargs = {} if mode == 'nearest' else dict(align_corners=False)
         out = F.interpolate(grid.permute(0, 3, 1, 2), size=dst_hw, mode=mode, **kwargs)
         return out.permute(0, 2, 3, 1).reshape(b, -1, c).to(tokens.dtype)
@@ -65,7 +66,7 @@ class TokenGridResizeCache:
         self.value = None
 
     def __call__(self, param, src_hw, dst_hw, mode='bicubic'):
-        if torch.is_grad_enabled() and param.requires_grad:
+        if torch.is_grad_enabled() and param.requires_grad or torch.compiler.is_compiling():
             return resize_token_grid(param, src_hw, dst_hw, mode)
         key = (tuple(src_hw), tuple(dst_hw), mode, param.dtype, param.device, param._version,
                param.data_ptr(), torch.is_inference_mode_enabled())

@@ -1,4 +1,5 @@
 """FLatten-CSWin: CSWin Transformer with focused linear attention (FLatten, ICCV 2023, sec. 5)."""
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -8,6 +9,7 @@ from timm.layers import DropPath
 from ... import ops
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
+from ...utils.geometry_cache import GeometryCache
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from ..layers.linear import Linear, Mlp, mlp_residual
 from .base import EffBackbone, check_stage_args, resolve_arch
@@ -82,7 +84,7 @@ class LePEAttention(nn.Module):
         self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
         self.get_v = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
         self.attn_drop = nn.Dropout(attn_drop)
-        self._mask_cache = {}  # run-time cache of padding masks (not state)
+        self._mask_cache = GeometryCache(maxsize=8)  # padding masks (run-time, not state)
 
     def window_shape(self, hw):
         """Stripe window ``(wh, ww)`` on a map of ``hw``."""
@@ -101,18 +103,12 @@ class LePEAttention(nn.Module):
         if not (pad_h or pad_w):
             return None
 
-        def build():
-            real = torch.zeros(h + pad_h, w + pad_w, dtype=torch.bool, device=device)
-            real[:h, :w] = True
+        def build():  # on the host: a table of the geometry alone
+            real = (np.arange(h + pad_h) < h)[:, None] & (np.arange(w + pad_w) < w)[None, :]
             real = real.reshape((h + pad_h) // wh, wh, (w + pad_w) // ww, ww)
-            return real.permute(0, 2, 1, 3).reshape(-1, wh * ww)
-        # inference tensors must not reach a recorded graph: one entry per mode
-        key = (h, w, device, torch.is_inference_mode_enabled())
-        if key not in self._mask_cache:
-            if len(self._mask_cache) >= 8:
-                self._mask_cache.clear()
-            self._mask_cache[key] = build()
-        return self._mask_cache[key]
+            real = real.transpose(0, 2, 1, 3).reshape(-1, wh * ww)
+            return torch.from_numpy(np.ascontiguousarray(real)).to(device)
+        return self._mask_cache((h, w, device), build)
 
     def forward(self, q, k, v, hw, out=None):
         """Args: q, k, v ``(B, H*W, C)`` (views into the block's ``qkv`` are fine); hw

@@ -18,6 +18,7 @@ from ... import ops
 from ...ops.window_attention import reused_gather_buffer
 from ...registry import register_model
 from ...utils import tokens_to_contiguous_map, unknown_choice_error
+from ...utils.geometry_cache import GeometryCache
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.linear import Linear, Mlp, mlp_residual
 from ..layers.relative_position import (cache_allowed, relative_position_index,
@@ -48,7 +49,10 @@ def ring_slots(window, expand):
         # drop the part of the rolled window that overlaps the window itself
         keep[slice(None, -e) if sy < 0 else slice(e, None),
              slice(None, -e) if sx < 0 else slice(e, None)] = False
-        ii, jj = np.nonzero(keep)  # in NumPy: a constant table, no tensor data read on a device
+        # kept slots in row-major order by a stable sort, not a search: a constant table whose
+        # size a trace knows from the sizes, and no tensor data read on a device
+        kept = np.argsort(~keep.ravel(), kind='stable')[:w * w - (w - e) ** 2]
+        ii, jj = kept // w, kept % w
         rows.append(np.stack([ii, jj, np.full_like(ii, -sy), np.full_like(jj, -sx)], 1))
     return torch.from_numpy(np.concatenate(rows).astype(np.int64))
 
@@ -518,7 +522,7 @@ class FocalTransformer(EffBackbone):
             ]
             down = focal_patch_embed(dims, 2 * dims, 2, use_conv_embed) if i < num - 1 else None
             self.layers.append(FocalStage(blocks, down))
-        self._geometry_cache = {}  # run-time cache (not state), see forward
+        self._geometry_cache = GeometryCache(maxsize=16)  # run-time, not state; see forward
         for i in out_indices:
             self.add_module(f'norm{i}', self.out_norm_layer(self.embed_dims[i]))
         self.add_final_norm(self.embed_dims[-1])
@@ -578,17 +582,13 @@ class FocalTransformer(EffBackbone):
         cache = self._geometry_cache
         for i, layer in enumerate(self.layers):
             for blk in layer.blocks:
-                # one index per geometry, shared by the blocks and kept across calls (apart
-                # under inference_mode, whose tensors autograd cannot save for backward)
-                key = (blk.geometry_key(hw), x.device, torch.is_inference_mode_enabled())
-                if key not in cache:
-                    if len(cache) >= 16:
-                        cache.clear()
-                    cache[key] = blk.geometry(hw, x.device)
+                # one index per geometry, shared by the blocks and kept across calls
+                geometry = cache((blk.geometry_key(hw), x.device),
+                                 lambda: blk.geometry(hw, x.device))
                 if self.with_cp and self.training and x.requires_grad:
-                    x = cp.checkpoint(blk, x, hw, cache[key], use_reentrant=False)
+                    x = cp.checkpoint(blk, x, hw, geometry, use_reentrant=False)
                 else:
-                    x = blk(x, hw, cache[key])
+                    x = blk(x, hw, geometry)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(x)
                 outs.append(tokens_to_contiguous_map(out, hw))

@@ -2,6 +2,7 @@
 Attention at Each Stage in Vision Transformers")."""
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -10,6 +11,7 @@ from timm.layers import DropPath
 
 from ...registry import MODELS, register_model
 from ...utils import resize_token_grid, tokens_to_contiguous_map, unknown_choice_error
+from ...utils.geometry_cache import GeometryCache
 from ..layers import LayerNormFP32, PatchEmbed
 from ..layers.attention_residual import AttentionResidualDownsample
 from ..layers.less_attention import FactoredScores, LessAttention, VanillaAttention
@@ -254,7 +256,7 @@ class LaViT(EffBackbone):
         self.diag_loss = diag_loss
         self._aux = {}
         self.add_final_norm(self.embed_dims[-1])
-        self._mask_cache = {}
+        self._mask_cache = GeometryCache(maxsize=16)  # run-time, not state
         self._freeze_stages()
 
     def stage_modules(self, index):
@@ -310,14 +312,15 @@ class LaViT(EffBackbone):
         kh, kw = win[0] // sr, win[1] // sr
         if (n_win[0] * kh - 1) * sr < hw[0] and (n_win[1] * kw - 1) * sr < hw[1]:
             return None
-        key = (i, tuple(hw), tuple(n_win), batch, str(device))
-        if key not in self._mask_cache:
-            rows = torch.arange(n_win[0] * kh, device=device) * sr < hw[0]
-            cols = torch.arange(n_win[1] * kw, device=device) * sr < hw[1]
+
+        def build():  # on the host: a table of the geometry alone
+            rows = np.arange(n_win[0] * kh) * sr < hw[0]
+            cols = np.arange(n_win[1] * kw) * sr < hw[1]
             valid = (rows[:, None] & cols[None, :]).reshape(n_win[0], kh, n_win[1], kw)
-            valid = valid.permute(0, 2, 1, 3).reshape(n_win[0] * n_win[1], 1, 1, kh * kw)
-            self._mask_cache[key] = (~valid).repeat(batch, 1, 1, 1)
-        return self._mask_cache[key]
+            valid = valid.transpose(0, 2, 1, 3).reshape(n_win[0] * n_win[1], 1, 1, kh * kw)
+            padding = np.ascontiguousarray(np.tile(~valid, (batch, 1, 1, 1)))
+            return torch.from_numpy(padding).to(device)
+        return self._mask_cache((i, tuple(hw), tuple(n_win), batch, device), build)
 
     def _stage(self, i, x, hw, carry, la_maps):
         b = x.shape[0]

@@ -7,6 +7,7 @@ from mmengine.model import BaseModule
 from ... import ops
 from ...ops.query_grid_conv import tail_padding
 from ...registry import register_model
+from ...utils.geometry_cache import GeometryCache
 from .less_attention import FactoredScores
 
 
@@ -79,7 +80,7 @@ class AttentionResidualDownsample(BaseModule):
         self.pwconv = nn.Conv2d(in_heads, out_heads, 1)
         self.gamma = (nn.Parameter(torch.full((out_heads, ), float(layer_scale_init)))
                       if layer_scale_init is not None else None)
-        self._window_cache = {}
+        self._window_cache = GeometryCache(maxsize=16)  # run-time, not state
 
     def out_grid(self, q_hw):
         """Query grid after downsampling (``ceil``, as the padding patch embedding)."""
@@ -202,9 +203,11 @@ class AttentionResidualDownsample(BaseModule):
         the map, the mask of those that exist, the mask of the residual entries the global
         module would produce (the others are zero there: padding, no bias), and the same blocks
         as query rows × key columns (``factors``) for :class:`FactoredScores`."""
-        key = (tuple(q_hw), tuple(k_hw), tuple(n_win), tuple(q_win), tuple(k_win), str(device))
-        if key in self._window_cache:
-            return self._window_cache[key]
+        key = (tuple(q_hw), tuple(k_hw), tuple(n_win), tuple(q_win), tuple(k_win), device)
+        return self._window_cache(key, lambda: self._build_window_geometry(
+            q_hw, k_hw, n_win, q_win, k_win, device))
+
+    def _build_window_geometry(self, q_hw, k_hw, n_win, q_win, k_win, device):
         s, ks, kernel = self.stride, self.key_stride, self.dwconv.kernel_size[0]
         (nh, nw), (qh, qw), (kh, kw) = n_win, q_win, k_win
         in_q = ((qh - 1) * s + kernel, (qw - 1) * s + kernel)
@@ -251,10 +254,8 @@ class AttentionResidualDownsample(BaseModule):
         factors = dict(rows=rows.reshape(-1), cols=cols.reshape(-1),
                        row_valid=None if rows_inside else row_valid.reshape(nh * nw, -1),
                        col_valid=None if cols_inside else col_valid.reshape(nh * nw, -1))
-        geometry = dict(index=index.reshape(-1), in_valid=in_valid, in_q=in_q, in_k=in_k,
-                        out_valid=out_valid, count=count, factors=factors)
-        self._window_cache[key] = geometry
-        return geometry
+        return dict(index=index.reshape(-1), in_valid=in_valid, in_q=in_q, in_k=in_k,
+                    out_valid=out_valid, count=count, factors=factors)
 
     @staticmethod
     def _factored_blocks(scores, factors, n):

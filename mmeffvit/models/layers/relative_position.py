@@ -6,8 +6,7 @@ Swin's window multi-head self-attention that uses them (FLatten-Swin's ``'S'`` s
 L²ViT's local windows without the bias, the Focal Transformer's window table). The attention
 itself is :func:`mmeffvit.ops.window_attention`.
 """
-import functools
-
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -15,6 +14,9 @@ import torch.nn.functional as F
 from ... import ops
 from ...ops.window_attention import window_attention_mask
 from ...utils import square_side
+from ...utils.geometry_cache import GeometryCache, geometry_cached
+from ...utils.geometry_cache import parameter_cache_allowed as cache_allowed
+from ...utils.geometry_cache import parameter_key as tables_key
 from .linear import Linear, project_heads
 
 
@@ -53,42 +55,22 @@ def shifted_window_mask(height, width, window, shift, device=None):
     labels differ get :data:`SHIFT_MASK_VALUE`.
     """
 
-    def strips(size):
-        label = torch.zeros(size, dtype=torch.long, device=device)
-        label[size - window:] = 1
-        label[size - shift:] = 2
-        return label
+    def strips(size):  # on the host: a table of the geometry alone
+        return (np.arange(size) >= size - window).astype(np.int64) + (
+            np.arange(size) >= size - shift)
 
     region = strips(height)[:, None] * 3 + strips(width)[None, :]
-    region = region.view(height // window, window, width // window, window)
-    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)
+    region = region.reshape(height // window, window, width // window, window)
+    region = region.transpose(0, 2, 1, 3).reshape(-1, window * window)
     differs = region[:, :, None] != region[:, None, :]
-    return differs.float() * SHIFT_MASK_VALUE
+    mask = np.where(differs, np.float32(SHIFT_MASK_VALUE), np.float32(0))
+    return torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32)).to(device)
 
 
+@geometry_cached(maxsize=32)
 def cached_shifted_window_mask(height, width, window, shift, device=None):
-    """:func:`shifted_window_mask`, built once per geometry and device (shared: read only;
-    tensors made under ``inference_mode`` are kept apart, autograd refuses to save them)."""
-    return _shifted_window_mask(height, width, window, shift, device,
-                                torch.is_inference_mode_enabled())
-
-
-@functools.lru_cache(maxsize=32)
-def _shifted_window_mask(height, width, window, shift, device, inference):
+    """:func:`shifted_window_mask`, built once per geometry and device (shared: read only)."""
     return shifted_window_mask(height, width, window, shift, device)
-
-
-def cache_allowed(*tables):
-    """Whether tensors derived from the parameters ``tables`` may be cached: not while autograd
-    records through them (then each call must gather them again to get their gradients)."""
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tables))
-
-
-def tables_key(*tables):
-    """Cache key part that changes whenever a table is updated in place, moved or cast (and
-    with inference mode, whose tensors autograd cannot save)."""
-    return (torch.is_inference_mode_enabled(), ) + tuple(
-        (t._version, t.data_ptr(), t.dtype, t.device) for t in tables)
 
 
 class WindowMSA(nn.Module):
@@ -128,7 +110,7 @@ class WindowMSA(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         # run-time caches (not state): bias index per smaller window; in eval the finished
         # additive mask per (window, shift mask, dtype, images, table version)
-        self._index_cache = {}
+        self._index_cache = GeometryCache(maxsize=8)
         self._mask_cache = {}
 
     def relative_bias(self, window):
@@ -137,11 +119,8 @@ class WindowMSA(nn.Module):
         if window == self.window_size:
             index = self.relative_position_index
         else:
-            key = (window, table.device)
-            if key not in self._index_cache:
-                self._index_cache[key] = relative_position_index(window, self.window_size).to(
-                    table.device)
-            index = self._index_cache[key]
+            index = self._index_cache((window, table.device), lambda: relative_position_index(
+                window, self.window_size).to(table.device))
         bias = table[index.reshape(-1)]
         return bias.reshape(window * window, window * window, -1).permute(2, 0, 1)
 

@@ -6,11 +6,11 @@ row-major inside each window, as in Swin (Liu et al., ICCV 2021, sec. 3.2) and t
 Transformer / L²ViT windows built on it. Maps are zero-padded at the bottom/right, so any
 ``H×W`` works; callers crop back to ``H×W`` after :func:`window_reverse`.
 """
-import functools
-
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ...utils.geometry_cache import geometry_cached
 
 
 def _pair(window):
@@ -80,8 +80,7 @@ def window_order(hp, wp, window, shift=0, device=None):
     Returns:
         LongTensor: ``(Hp·Wp, )``.
     """
-    # tensors made under inference_mode cannot be saved for a later backward: cached apart
-    return _window_order(hp, wp, _pair(window), shift, device, torch.is_inference_mode_enabled())
+    return _window_order(hp, wp, _pair(window), shift, device)
 
 
 def _window_order_table(hp, wp, window, shift):
@@ -98,8 +97,8 @@ def _on_device(table, device):
     return torch.from_numpy(np.ascontiguousarray(table, dtype=np.int64)).to(device)
 
 
-@functools.lru_cache(maxsize=64)
-def _window_order(hp, wp, window, shift, device, inference):
+@geometry_cached(maxsize=64)
+def _window_order(hp, wp, window, shift, device):
     return _on_device(_window_order_table(hp, wp, _pair(window), shift), device)
 
 
@@ -108,12 +107,11 @@ def window_order_inverse(height, width, hp, wp, window, shift=0, device=None):
     cropped): ``out.reshape(B, nW·w², C).index_select(1, inverse)`` is the ``(B, H·W, C)``
     map of window outputs, window reverse, roll back and crop in one copy. Cached, shared.
     """
-    return _window_order_inverse(height, width, hp, wp, _pair(window), shift, device,
-                                 torch.is_inference_mode_enabled())
+    return _window_order_inverse(height, width, hp, wp, _pair(window), shift, device)
 
 
-@functools.lru_cache(maxsize=64)
-def _window_order_inverse(height, width, hp, wp, window, shift, device, inference):
+@geometry_cached(maxsize=64)
+def _window_order_inverse(height, width, hp, wp, window, shift, device):
     order = _window_order_table(hp, wp, _pair(window), shift)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.size)
@@ -129,16 +127,18 @@ def window_order_unpadded(height, width, window, shift=0, device=None):
         tuple[LongTensor, LongTensor]: ``(Hp·Wp, )`` token of every window slot in the
         ``(B, H·W, C)`` map (0 for padding), and the ``(P, )`` slots that are padding.
     """
-    return _window_order_unpadded(height, width, _pair(window), shift, device,
-                                  torch.is_inference_mode_enabled())
+    return _window_order_unpadded(height, width, _pair(window), shift, device)
 
 
-@functools.lru_cache(maxsize=64)
-def _window_order_unpadded(height, width, window, shift, device, inference):
+@geometry_cached(maxsize=64)
+def _window_order_unpadded(height, width, window, shift, device):
     wh, ww = _pair(window)
     hp, wp = height + -height % wh, width + -width % ww
     order = _window_order_table(hp, wp, (wh, ww), shift)
     rows, cols = order // wp, order % wp
     inside = (rows < height) & (cols < width)
     slots = np.where(inside, rows * width + cols, 0)
-    return _on_device(slots, device), _on_device(np.flatnonzero(~inside), device)
+    # the padding slots in order, by a stable sort rather than a search: their count is known
+    # from the sizes, so a trace of this builder has no value-dependent shape
+    padding = np.argsort(inside, kind='stable')[:hp * wp - height * width]
+    return _on_device(slots, device), _on_device(padding, device)

@@ -134,11 +134,24 @@ def policy() -> KernelPolicy:
     else the environment's (read once)."""
     if _overrides:
         return _overrides[-1]
+    return _environment_policy()
+
+
+@torch.compiler.assume_constant_result  # run, not traced, by torch.compile: a constant there
+def _environment_policy():
     if not _environment:
         with _lock:
             if not _environment:
                 _environment.append(from_environment(os.environ))
     return _environment[0]
+
+
+def compiling() -> bool:
+    """Whether ``torch.compile`` or ``torch.export`` is tracing the caller. The operators then
+    run their references (the compiler fuses and plans memory itself; the compiled CPU kernels
+    are opaque to it) and per-shape caches are bypassed, their tables traced as graph
+    constants (or symbolic expressions under dynamic shapes)."""
+    return torch.compiler.is_compiling()
 
 
 @contextlib.contextmanager
