@@ -170,6 +170,16 @@ def test_amp_needs_gpu(tmp_path, monkeypatch, capsys):
     assert cfg.optim_wrapper.loss_scale == 'dynamic'
 
 
+def test_mmdet2_fp16_key_is_an_error_that_names_amp(tmp_path, capsys):
+    path = _write(tmp_path / 'fp16.py', "optim_wrapper = dict(type='OptimWrapper')\n"
+                  "fp16 = dict(loss_scale=512.)\n")
+    with pytest.raises(SystemExit) as exc:
+        train_tool.main([path])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert 'fp16=' in err and '--amp' in err and 'AmpOptimWrapper' in err
+
+
 def test_auto_scale_lr(tmp_path, capsys):
     path = _write(tmp_path / 'plain.py',
                   "optim_wrapper = dict(type='OptimWrapper')\n")

@@ -105,8 +105,15 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
     """Apply --amp, --auto-scale-lr and --resume to ``cfg`` and add mmeffvit's training hooks.
 
     Raises:
-        ConfigError: if an option does not fit the config or the machine.
+        ConfigError: if an option does not fit the config or the machine, or the config asks
+            for mixed precision the mmdet 2 way (``fp16=dict(...)``, which mmengine ignores).
     """
+    if cfg.get('fp16', None) is not None:
+        raise ConfigError(
+            f"the config sets fp16={cfg.fp16!r}, mmdet 2's mixed-precision key, which does "
+            "nothing in mmdet 3 / mmengine (training would run in fp32). Delete it and pass "
+            "--amp, or set optim_wrapper=dict(type='AmpOptimWrapper', loss_scale='dynamic', "
+            "...) in the config")
     if args.amp:
         if not amp_device_available():
             raise ConfigError('--amp needs a GPU (CUDA), but none is '

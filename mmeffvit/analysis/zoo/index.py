@@ -261,13 +261,16 @@ def commands_section(family, entries, demo_dir):
     seg = next((e for e in entries if e.kind['scope'] == 'mmseg'), None)
     lines = ['### Commands', '', _para(
         'From the repository root (data layout: the top-level README; `bash '
-        'tools/dist_train.sh CONFIG 8` trains on 8 GPUs):'), '', '```bash']
+        'tools/dist_train.sh CONFIG 8` trains on 8 GPUs; `--amp` trains in mixed precision the '
+        "mmdet 3 way, mmengine's `AmpOptimWrapper` with a dynamic loss scale, where mmdet 2's "
+        '`fp16=dict(...)` key would do nothing and is refused):'), '', '```bash']
     for e in (det, seg):
         if e is None:
             continue
         cfg = f'configs/{family}/{e.stem}.py'
         ckpt = f'$(cat work_dirs/{e.stem}/last_checkpoint)'
-        lines += [f'python tools/train.py {cfg}', f'python tools/test.py {cfg} {ckpt}',
+        lines += [f'python tools/train.py {cfg}', f'bash tools/dist_train.sh {cfg} 8 --amp',
+                  f'python tools/test.py {cfg} {ckpt}',
                   f'python tools/image_demo.py sample:astronaut {cfg} {ckpt} --out-dir outputs',
                   f'python tools/analysis/get_flops.py {cfg}']
     demos = sorted(osp.splitext(n)[0] for n in _listdir(demo_dir) if f'_{family}_' in n)
