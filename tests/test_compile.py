@@ -117,15 +117,35 @@ def _dense_cases():
     return {n: c for n, c in benchmark.CASES.items() if c[0] == 'mmeffvit'}
 
 
+def _dense_model(name):
+    from mmeffvit.analysis.benchmark_worker import build_case
+    scope, cfg, _ = _dense_cases()[name]
+    torch.manual_seed(0)
+    return build_case(dict(scope=scope, cfg=cfg))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('path', ['default', 'reference'])
+@pytest.mark.parametrize('name', sorted(_dense_cases()))
+def test_dense_configurations_are_one_graph(name, path):
+    """``torch._dynamo.explain`` of the benchmark's configurations (drop path on), inference
+    and training forward: no graph break."""
+    model = _dense_model(name)
+    for train in (False, True):
+        dynamo.reset()
+        model.train(train)
+        with use_reference() if path == 'reference' else contextlib.nullcontext():
+            explanation = dynamo.explain(model)(torch.randn(1, 3, 256, 320))
+        assert explanation.graph_break_count == 0, (
+            train, [b.reason.splitlines()[0] for b in explanation.break_reasons])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('path', ['default', 'reference'])
 @pytest.mark.parametrize('name', sorted(_dense_cases()))
 def test_dense_configurations_compile_with_inductor(name, path):
-    from mmeffvit.analysis.benchmark_worker import build_case
     dynamo.reset()
-    scope, cfg, _ = _dense_cases()[name]
-    torch.manual_seed(0)
-    model = build_case(dict(scope=scope, cfg=cfg))
+    model = _dense_model(name)
     context = use_reference() if path == 'reference' else contextlib.nullcontext()
     with context:
         for train in (False, True):
