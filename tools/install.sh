@@ -100,6 +100,7 @@ fi
 
 ensure toolboxes
 ensure tools
+ensure deploy
 ensure tools-nodeps --no-deps
 
 # ---- mmeffvit ----------------------------------------------------------------------------------

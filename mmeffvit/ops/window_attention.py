@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .biased_attention import (Workspace, _sdpa_with_terms, attention_backward,
                                biased_attention)
 from .ext_loader import get_ext
-from .policy import compiling
+from .policy import compiling, exporting
 
 
 def _summed(bias, mask):
@@ -232,6 +232,15 @@ class _GatheredKeysAttention(torch.autograd.Function):
         return grad_q, grad_bank, None, grad_bias, None, None
 
 
+def _heads_apart(out):
+    """``(BW, h, n, e)`` as ``(BW, n, h, e)``: a view, copied while exporting. The output
+    strides of SDPA differ between its fused kernel (which the export traces) and the
+    decomposition that ONNX runs, and a caller's reshape traced as a view of the one cannot
+    view the other (``contiguous()`` would be traced away as a no-op)."""
+    out = out.transpose(1, 2)
+    return out.clone(memory_format=torch.contiguous_format) if exporting() else out
+
+
 def window_attention_mask(bias, images):
     """An additive mask ``(nW, h|1, n, N)`` of one image's windows, repeated for ``images``
     images so that it lines up with queries ``(images·nW, h, n, d)``. torch's fused CPU
@@ -267,14 +276,14 @@ def window_attention(q, k, v, mask=None, scale=None, *, bias=None, dropout=0.):
         scale = q.shape[-1] ** -0.5
     if _trained(bias):
         out = biased_attention(q, k, v, bias, mask, scale, dropout)
-        return out.transpose(1, 2)
+        return _heads_apart(out)
     full = _summed(bias, mask)
     if not dropout and _window_attention_applies(q, k, v, full):
         bw, h, n, _ = q.shape
         out = get_ext(q).window_attention_forward(q, k, v, full, float(scale))
         return out.view(bw, n, h, v.shape[-1])
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout, scale=scale)
-    return out.transpose(1, 2)
+    return _heads_apart(out)
 
 
 def gathered_window_attention(q, bank, index, bias=None, key_mask=None, scale=None, *,
@@ -323,10 +332,10 @@ def gathered_window_attention(q, bank, index, bias=None, key_mask=None, scale=No
             out = _GatheredKeysAttention.apply(q, bank, index, bias, mask, scale)
         else:
             out = biased_attention(q, *gather_keys(bank, index, h), bias, mask, scale, dropout)
-        return out.transpose(1, 2)
+        return _heads_apart(out)
     mask = _summed(bias, key_mask)
     if mask is not None:
         mask = _per_image(mask, index.shape[0], images)
     out = F.scaled_dot_product_attention(q, *gather_keys(bank, index, h), attn_mask=mask,
                                          dropout_p=dropout, scale=scale)
-    return out.transpose(1, 2)
+    return _heads_apart(out)

@@ -146,6 +146,11 @@ def _environment_policy():
     return _environment[0]
 
 
+def exporting() -> bool:
+    """Whether ``torch.export`` (and with it ``torch.onnx.export(dynamo=True)``) is tracing."""
+    return torch.compiler.is_exporting()
+
+
 def compiling() -> bool:
     """Whether ``torch.compile`` or ``torch.export`` is tracing the caller. The operators then
     run their references (the compiler fuses and plans memory itself; the compiled CPU kernels
