@@ -7,6 +7,8 @@ While ``torch.export`` traces, every operator runs its PyTorch reference
 backbone at a dense size that no stride or window divides (padding and cropping included);
 every backbone at 224² and at that size is marked slow.
 """
+import os.path as osp
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ pytest.importorskip('onnxscript')
 
 RTOL = 1e-4  # of the largest output magnitude (float32 on both sides, other kernels)
 DENSE_ODD = (333, 517)
+REPO = osp.join(osp.dirname(osp.abspath(__file__)), '..')
 
 
 def export_and_compare(model, hw):
@@ -49,3 +52,49 @@ def test_a_windowed_backbone_exports_at_an_odd_dense_size():
 def test_every_backbone_exports(name, hw):
     torch.manual_seed(0)
     assert export_and_compare(build(name), hw) < RTOL
+
+
+# --- tools/deployment/export_onnx.py --------------------------------------------------------
+def _export_tool():
+    import importlib.util
+    path = osp.join(REPO, 'tools', 'deployment', 'export_onnx.py')
+    spec = importlib.util.spec_from_file_location('export_onnx_tool', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tool_exports_a_backbone_with_its_checkpoint(tmp_path, capsys):
+    tool = _export_tool()
+    config = osp.join(REPO, 'configs/flatten/mask_rcnn_flatten_pvt_t_1x_coco.py')
+    torch.manual_seed(3)
+    backbone = tool.build_model(config, None, (224, 224), True)
+    ckpt = tmp_path / 'backbone.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in backbone.state_dict().items()}},
+               ckpt)
+    out = tmp_path / 'pvt.onnx'
+    tool.main([config, str(ckpt), '--shape', '224', '224', '--backbone-only', '--out', str(out)])
+    printed = capsys.readouterr().out
+    assert out.is_file() and 'backbone exported' in printed and '4 outputs' in printed
+    assert f'{len(backbone.state_dict())} of ' in printed  # every backbone tensor loaded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('config,backbone_only', [
+    ('configs/lavit/retinanet_lavit_t_1x_coco.py', False),
+    ('configs/focal/retinanet_focal_t_1x_coco.py', True),
+    ('configs/flatten/upernet_flatten_swin_t_160k_ade20k.py', False)])
+def test_tool_exports_configs(config, backbone_only, tmp_path, capsys):
+    argv = [osp.join(REPO, config), '--shape', '256', '320', '--out', str(tmp_path / 'm.onnx')]
+    _export_tool().main(argv + (['--backbone-only'] if backbone_only else []))
+    assert 'largest relative difference' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_tool_names_where_a_two_stage_detector_fails(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        _export_tool().main([osp.join(REPO, 'configs/flatten/mask_rcnn_flatten_pvt_t_1x_coco.py'),
+                             '--shape', '256', '320', '--out', str(tmp_path / 'm.onnx')])
+    message = str(exc.value)
+    assert message.startswith('export failed') and 'in mmdet/' in message
+    assert '--backbone-only' in message
