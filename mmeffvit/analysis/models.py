@@ -190,23 +190,13 @@ def _data_sample(scope, shape):
     return DataSample(metainfo=meta)
 
 
-def config_complexity(cfg, shape=None, count_elementwise=False):
-    """MACs and parameters of the model of an mmdet / mmseg (/ mmpretrain) config.
-
-    Builds ``cfg.model`` in the config's scope (the auxiliary head of a segmentor is removed,
-    as mmseg's ``get_flops`` does: it does not run at inference), feeds one random image of
-    ``shape`` through the model's data preprocessor (which may pad it, e.g. to multiples of 32)
-    and traces the tensor-mode forward.
-
-    Args:
-        cfg (str | mmengine.Config): Config or its path.
-        shape (tuple[int, int], optional): Input ``(H, W)``; default per scope, see
-            :data:`DEFAULT_SHAPES`.
-        count_elementwise (bool): See :func:`analyze`.
+def build_for_inference(cfg, shape=None):
+    """``cfg.model`` built in the config's scope (seeded) for inference: the auxiliary head of
+    a segmentor removed (it does not run at inference), SyncBN reverted, eval mode; and one
+    random image of ``shape`` through its data preprocessor (which may pad it).
 
     Returns:
-        tuple[ComplexityReport, dict]: The report (modules named ``model.backbone`` ...) and a
-        summary with the scope, the padded input shape and the MACs per top-level part.
+        tuple: ``(model, data, scope, shape)``; ``data`` holds ``inputs`` and ``data_samples``.
     """
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
@@ -229,6 +219,28 @@ def config_complexity(cfg, shape=None, count_elementwise=False):
     image = torch.randint(0, 256, (3, ) + shape, dtype=torch.uint8)
     data = model.data_preprocessor(
         dict(inputs=[image], data_samples=[_data_sample(scope, shape)]), False)
+    return model, data, scope, shape
+
+
+def config_complexity(cfg, shape=None, count_elementwise=False):
+    """MACs and parameters of the model of an mmdet / mmseg (/ mmpretrain) config.
+
+    Builds ``cfg.model`` in the config's scope (the auxiliary head of a segmentor is removed,
+    as mmseg's ``get_flops`` does: it does not run at inference), feeds one random image of
+    ``shape`` through the model's data preprocessor (which may pad it, e.g. to multiples of 32)
+    and traces the tensor-mode forward.
+
+    Args:
+        cfg (str | mmengine.Config): Config or its path.
+        shape (tuple[int, int], optional): Input ``(H, W)``; default per scope, see
+            :data:`DEFAULT_SHAPES`.
+        count_elementwise (bool): See :func:`analyze`.
+
+    Returns:
+        tuple[ComplexityReport, dict]: The report (modules named ``model.backbone`` ...) and a
+        summary with the scope, the padded input shape and the MACs per top-level part.
+    """
+    model, data, scope, shape = build_for_inference(cfg, shape)
     wrapper = TensorModeForward(model, data['data_samples'])
     report = analyze(wrapper, data['inputs'], count_elementwise)
     parts = {name[len('model.'):]: macs for name, macs in report.by_module.items()

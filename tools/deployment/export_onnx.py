@@ -14,7 +14,6 @@ decodes proposals with NMS (two-stage) does not export: use ``--backbone-only``.
         --shape 512 512 --out work_dirs/retinanet_lavit_t.onnx
 """
 import argparse
-import copy
 import os
 import os.path as osp
 import re
@@ -27,10 +26,10 @@ if sys.path[0] != REPO_ROOT:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import mmeffvit  # noqa: E402,F401  registers the backbones
+from mmeffvit.analysis.models import TensorModeForward, build_for_inference  # noqa: E402
 
 
 def build_parser():
@@ -49,43 +48,21 @@ def build_parser():
     return parser
 
 
-class TensorMode(nn.Module):
-    """``model(inputs, data_samples, mode='tensor')`` with its outputs as a flat tuple."""
-
-    def __init__(self, model, data_samples):
-        super().__init__()
-        self.model, self.data_samples = model, data_samples
+class FlatTensorMode(TensorModeForward):
+    """The model's tensor-mode forward with its outputs as a flat tuple."""
 
     def forward(self, inputs):
-        return tuple(tree_leaves(self.model(inputs, self.data_samples, mode='tensor')))
+        return tuple(tree_leaves(super().forward(inputs)))
 
 
 def build_model(cfg_path, checkpoint, shape, backbone_only):
-    """The module to export and a function that makes its input from an image batch."""
-    from mmengine.config import Config
-    from mmengine.model import revert_sync_batchnorm
-    from mmengine.registry import MODELS, DefaultScope, init_default_scope
-
-    from mmeffvit.analysis.models import _data_sample
-    cfg = Config.fromfile(cfg_path)
-    scope = cfg.get('default_scope', 'mmdet')
-    init_default_scope(scope)
-    model_cfg = copy.deepcopy(cfg.model)
-    if checkpoint:  # the checkpoint's weights replace any pretrained init
-        model_cfg.get('backbone', {}).pop('init_cfg', None)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(model_cfg)
-    if getattr(model, 'auxiliary_head', None) is not None:
-        model.auxiliary_head = None  # not run at inference
+    """The module to export: the config's model in tensor mode, or its backbone."""
+    model, data, _, _ = build_for_inference(cfg_path, shape)
     if checkpoint:
         load_weights(model, checkpoint)
-    model = revert_sync_batchnorm(model).eval()
     if backbone_only:
         return model.backbone
-    image = torch.randint(0, 256, (3, ) + tuple(shape), dtype=torch.uint8)
-    data = model.data_preprocessor(dict(inputs=[image],
-                                        data_samples=[_data_sample(scope, shape)]), False)
-    return TensorMode(model, data["data_samples"]).eval()
+    return FlatTensorMode(model, data['data_samples']).eval()
 
 
 def load_weights(model, path):
