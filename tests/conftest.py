@@ -1,9 +1,14 @@
 """Shared pytest behaviour: tests marked ``slow`` run only when selected with ``-m slow``; the
 end-to-end runs trained once per session for every module that needs a real checkpoint; the
-kernel switch of the tests that compare code paths."""
+kernel switch of the tests that compare code paths; Triton's interpreter where no GPU is."""
 import contextlib
+import os
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run interpreted on CPU tensors
+    os.environ.setdefault('TRITON_INTERPRET', '1')  # read when a kernel is decorated
 
 from e2e_runs import DET_CFG, SEG_CFG, det_options, seg_options, train_run
 

@@ -7,7 +7,8 @@ choose their CUDA branches) on a machine without a GPU. A
 :class:`~torch.utils._python_dispatch.TorchDispatchMode` inside it sees every ATen operator:
 
 * *kernels*: operators that launch work, i.e. not views, not metadata queries and not bare
-  allocations (one ATen operator is one kernel in eager CUDA, give or take a fused epilogue);
+  allocations (one ATen operator is one kernel in eager CUDA, give or take a fused epilogue;
+  an mmeffvit Triton op counts its launches, :func:`mmeffvit.ops.triton_kernels.cost`);
 * *bytes*: the bytes of the tensor arguments read plus the outputs written by those operators
   (an upper bound on the traffic of each kernel: it ignores caching between them);
 * *FLOPs*: of the matrix products, convolutions and attention kernels (the formulas of
@@ -31,6 +32,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+from mmeffvit.ops.triton_kernels import cost as triton_cost
 
 #: operators whose output shape or returned value depends on tensor data
 DATA_DEPENDENT = frozenset({
@@ -102,8 +105,10 @@ class KernelCounter(TorchDispatchMode):
                 self.count.data_dependent.append(f'{name} at {_caller()}')
             raise
         if not (func.is_view or name in NO_KERNEL or name.startswith('prim.')):
-            self.count.kernels += 1
-            self.count.by_op[name] += 1
+            launches, flops = triton_cost(name, args) or (1, 0)  # a Triton op: its launches
+            self.count.kernels += launches
+            self.count.flops += flops
+            self.count.by_op[name] += launches
             self.count.bytes += _tensor_bytes(args) + _tensor_bytes(kwargs.values())
             self.count.bytes += _tensor_bytes(out if isinstance(out, (list, tuple)) else [out])
             if func.overloadpacket in flop_registry:

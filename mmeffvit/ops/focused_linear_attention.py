@@ -6,6 +6,7 @@ from ..utils import at_least_fp32
 from .ext_loader import get_ext
 from .focus import focus_feature_map, focus_feature_map_ref
 from .linear_attention import linear_attention, linear_attention_ref
+from .triton_kernels import selected as triton_selected
 
 FOCUS_EPS = 1e-6  # added after the ReLU of the focusing function
 EPS = 1e-6  # added to the normaliser
@@ -67,7 +68,7 @@ class FocusedLinearAttentionFunction(torch.autograd.Function):
 
 
 def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus_eps=FOCUS_EPS,
-                             eps=EPS):
+                             eps=EPS, residual=None):
     """Focused linear attention of FLatten (sec. 4.1, eq. 5-7) on projected tokens, one operator.
 
     ``φ_p`` (:func:`focus_feature_map`) maps q and k over all C channels, the heads are split and
@@ -75,8 +76,11 @@ def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus
     (:func:`linear_attention`, ``normalizer='mean'``); heads are merged back. On CPU the compiled
     kernel does all of it in one pass over blocks of tokens: the mapped features exist only in a
     cache-sized buffer, so the forward allocates nothing but its output and the backward nothing
-    but the gradients. On CUDA the two CUDA operators are composed; without the extension the
-    reference runs. Accumulation is fp32 (fp64 for fp64 inputs) for any input dtype.
+    but the gradients. With the Triton kernels selected (``use_kernels(triton=True)``) two
+    Triton passes per head (key state, then queries; the residual added in the second) and a
+    backward that recomputes the features; else on CUDA the two CUDA operators are composed;
+    without the extension the reference runs. Accumulation is fp32 (fp64 for fp64 inputs) for
+    any input dtype.
 
     Args:
         q (Tensor): ``(B, N, C)`` projected queries.
@@ -87,6 +91,8 @@ def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus
         focusing_factor (float): The power p.
         focus_eps (float): Added after the ReLU of the focusing function.
         eps (float): Added to the normaliser.
+        residual (Tensor, optional): ``(B, N, Ce)`` added to the output (FLatten's
+            depthwise-conv term), any strides.
 
     Returns:
         Tensor: ``(B, N, Ce)`` in the dtype of ``q``.
@@ -106,6 +112,25 @@ def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus
     if not (q.device == k.device == v.device == scale.device):
         raise ValueError(f'q, k, v, scale are on different devices: {q.device}, {k.device}, '
                          f'{v.device}, {scale.device}')
+    if residual is not None and (residual.shape != (b, q.shape[1], v.shape[2])
+                                 or residual.device != q.device):
+        raise ValueError(f'residual must be a (B, N, Ce) = {(b, q.shape[1], v.shape[2])} tensor '
+                         f'on {q.device}, got {tuple(residual.shape)} on {residual.device}')
+    dtype = q.dtype  # (promote_types is a dispatched operator: only where needed)
+    if not q.dtype == k.dtype == v.dtype:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if q.numel() and k.shape[1] and triton_selected(q, k, v, scale):  # (registers the op)
+        out, _ = torch.ops.mmeffvit.focused_linear_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), scale, num_heads, float(focusing_factor),
+            float(focus_eps), float(eps), residual)
+        return out.to(q.dtype)
+    out = _focused_linear_attention(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps,
+                                    dtype)
+    return out if residual is None else out + residual.to(out.dtype)
+
+
+def _focused_linear_attention(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps, dtype):
+    """The compiled operators' and the references' paths of :func:`focused_linear_attention`."""
     ext = get_ext(q)
     if ext is None or q.numel() == 0 or k.shape[1] == 0:
         return focused_linear_attention_ref(q, k, v, scale, num_heads, focusing_factor,
@@ -113,7 +138,6 @@ def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus
     if q.device.type != 'cpu':
         return _composed(q, k, v, scale, num_heads, focusing_factor, focus_eps, eps,
                          focus_feature_map, linear_attention)
-    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
 
     def heads(t):
         return t.to(dtype).unflatten(-1, (num_heads, -1))

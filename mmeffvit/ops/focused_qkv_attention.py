@@ -134,7 +134,7 @@ def focused_qkv_attention(x, qkv_weight, qkv_bias, scale, dwc_weight, dwc_bias, 
     q, k, v = linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
     if pe is not None:
         k = k + pe
+    dwc = depthwise_conv(v, weight, bias, hw_shape, padding)
     # the focusing power and the attention sums stay in fp32 under autocast
     with torch.autocast(device_type=x.device.type, enabled=False):
-        out = focused_linear_attention(q, k, v, scale, num_heads, focusing_factor)
-    return out + depthwise_conv(v, weight, bias, hw_shape, padding).to(out.dtype)
+        return focused_linear_attention(q, k, v, scale, num_heads, focusing_factor, residual=dwc)

@@ -187,16 +187,16 @@ class FocusedLinearAttention(SpatialReductionMixin, BaseModule):
         if self.positional_encoding is not None:
             k = k + self._resized_encoding(kv_hw)
 
-        # the focusing power and the attention sums stay in fp32 under autocast; one fused
-        # operator (mmeffvit.ops) or its PyTorch reference
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            out = ops.focused_linear_attention(q, k, v, self.scale, self.num_heads,
-                                               self.focusing_factor)
-
         # rank restoration: depthwise conv on V, one kernel set shared by every head. Head ``i``
         # owns channels ``i·d … i·d + d - 1``, so this is one depthwise conv over the whole
         # channels-last view of v with the d-channel kernel set repeated h times (no copies)
         dwc = self.dwc(v.transpose(1, 2).reshape(b, c, *kv_hw), repeats=self.num_heads)
         if kv_hw != tuple(hw_shape):
             dwc = F.interpolate(dwc, size=tuple(hw_shape), mode='bilinear', align_corners=False)
-        return out + dwc.flatten(2).transpose(1, 2).to(out.dtype)
+
+        # the focusing power and the attention sums stay in fp32 under autocast; one fused
+        # operator (mmeffvit.ops) or its PyTorch reference, the DWC term added to its output
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return ops.focused_linear_attention(q, k, v, self.scale, self.num_heads,
+                                                self.focusing_factor,
+                                                residual=dwc.flatten(2).transpose(1, 2))

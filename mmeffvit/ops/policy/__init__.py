@@ -59,12 +59,16 @@ class KernelPolicy:
         cpu_gemm_forced (bool): Whether ``MMEFFVIT_LINEAR_KERNEL`` chose it (else the ISA did).
         malloc (str): ``'default'``, ``'retain'`` or ``'system'`` (``MMEFFVIT_MALLOC``).
         cpu_capability (str): ATen's CPU capability (``'AVX512'``, ``'AVX2'``, ...).
+        triton (bool): Whether the Triton kernels (:mod:`mmeffvit.ops.triton_kernels`) run
+            where they can: on CUDA tensors, real or fake, and on CPU tensors under Triton's
+            interpreter (opt-in with :func:`use_kernels` until verified on a GPU).
     """
     mode: str
     cpu_gemm: str
     cpu_gemm_forced: bool
     malloc: str
     cpu_capability: str
+    triton: bool = False
 
     @property
     def reference(self) -> bool:
@@ -182,10 +186,10 @@ def use_reference():
         ...     policy().ops_for('cpu')
         'reference'
     """
-    return _override(dataclasses.replace(policy(), mode='reference'))
+    return _override(dataclasses.replace(policy(), mode='reference', triton=False))
 
 
-def use_kernels(required=True, cpu_gemm=None):
+def use_kernels(required=True, cpu_gemm=None, triton=None):
     """Inside the block the compiled kernels run; nestable, the previous policy and the C++
     GEMM state restored on exit.
 
@@ -195,8 +199,15 @@ def use_kernels(required=True, cpu_gemm=None):
         cpu_gemm (str, optional): ``'onednn'`` or ``'aten'``: the GEMM of the CPU linears and,
             with it, of the kernels' block products (as ``MMEFFVIT_LINEAR_KERNEL``); default
             unchanged.
+        triton (bool, optional): True: the Triton kernels where they can run (CUDA tensors,
+            fake ones included, and CPU tensors under ``TRITON_INTERPRET=1``); ``required``
+            then governs the other operators (``use_kernels(False, triton=True)`` counts a
+            CUDA forward on fake tensors: Triton there, references elsewhere). Default
+            unchanged.
     """
     changes = dict(mode='kernels' if required else 'auto')
+    if triton is not None:
+        changes.update(triton=bool(triton))
     if cpu_gemm is not None:
         changes.update(cpu_gemm=choose_cpu_gemm('', cpu_gemm), cpu_gemm_forced=True)
     return _override(dataclasses.replace(policy(), **changes))
@@ -259,6 +270,9 @@ def describe(current=None) -> str:
     rows = [('operators', p.mode, f"{shown['MMEFFVIT_OPS']}: {ops_why}"),
             ('  on cpu', p.ops_for('cpu'), ''),
             ('  on cuda', p.ops_for('cuda'), ''),
+            ('Triton', 'on' if p.triton else 'off',
+             'Triton kernels on CUDA tensors (and CPU ones under TRITON_INTERPRET=1)'
+             if p.triton else 'opt-in: use_kernels(triton=True); not yet verified on a GPU'),
             ('extension', 'mmeffvit._ext', built),
             ('CPU GEMM', p.cpu_gemm, gemm_why),
             ("kernels' GEMM", p.kernel_gemm,

@@ -1,0 +1,84 @@
+"""The Triton kernels registered as ``torch.library`` custom ops (namespace ``mmeffvit``).
+
+``mmeffvit::focused_linear_attention`` returns the output and the packed fp32 state that its
+backward op ``mmeffvit::focused_linear_attention_backward`` reads; the autograd formula calls the
+backward op, which recomputes the focused features instead of keeping them.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads it here)
+from .focused_linear_attention import launch_backward, launch_forward, num_splits, state_layout
+
+
+@torch.library.custom_op('mmeffvit::focused_linear_attention', mutates_args=())
+def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor, heads: int,
+                             focusing_factor: float, focus_eps: float, eps: float,
+                             residual: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """FLatten's focused linear attention, two Triton passes (see
+    :mod:`.focused_linear_attention`); q, k, v of one floating dtype (fp32, bf16, fp16)."""
+    return launch_forward(q, k, v, scale, heads, focusing_factor, focus_eps, eps, residual)
+
+
+@focused_linear_attention.register_fake
+def _(q, k, v, scale, heads, focusing_factor, focus_eps, eps, residual):
+    d, e, d_pad, e_pad = state_layout(q.shape[2], v.shape[2], heads)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    return out, q.new_empty(q.shape[0] * heads, d_pad * e_pad + d_pad, dtype=torch.float32)
+
+
+@torch.library.custom_op('mmeffvit::focused_linear_attention_backward', mutates_args=())
+def focused_linear_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                                      scale: Tensor, state: Tensor, heads: int,
+                                      focusing_factor: float, focus_eps: float,
+                                      eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of q, k, v (their dtypes) and of the scale (fp32, C entries)."""
+    return launch_backward(grad, q, k, v, scale, state, heads, focusing_factor, focus_eps, eps)
+
+
+@focused_linear_attention_backward.register_fake
+def _(grad, q, k, v, scale, state, heads, focusing_factor, focus_eps, eps):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(q.shape[2], dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, heads, focusing_factor, focus_eps, eps, residual = inputs
+    ctx.save_for_backward(q, k, v, scale, output[1])
+    ctx.params = (heads, focusing_factor, focus_eps, eps)
+    ctx.residual_dtype = None if residual is None else residual.dtype
+
+
+def _backward(ctx, grad, grad_state):
+    q, k, v, scale, state = ctx.saved_tensors
+    dq, dk, dv, dscale = torch.ops.mmeffvit.focused_linear_attention_backward(
+        grad, q, k, v, scale, state, *ctx.params)
+    d_residual = None if ctx.residual_dtype is None else grad.to(ctx.residual_dtype)
+    return (dq, dk, dv, dscale.reshape(scale.shape).to(scale.dtype), None, None, None, None,
+            d_residual)
+
+
+focused_linear_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _forward_cost(q, k, v, scale, heads, *_):
+    """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
+    there are several, pass 2; two products of ``D×E`` per token and head."""
+    launches = 2 + (num_splits(k.shape[1]) > 1)
+    return launches, 2 * heads * (k.shape[1] + q.shape[1]) * (q.shape[2] // heads) * (
+        v.shape[2] // heads) * q.shape[0]
+
+
+def _backward_cost(grad, q, k, v, scale, state, heads, *_):
+    """The query pass (and its partial sums), the key pass, a focus pass for q and one for k,
+    the scale gradient's sum; four products of ``D×E`` per token and head."""
+    launches = 5 + (num_splits(q.shape[1]) > 1)
+    return launches, 4 * heads * (k.shape[1] + q.shape[1]) * (q.shape[2] // heads) * (
+        v.shape[2] // heads) * q.shape[0]
+
+
+#: ``name -> f(*args) -> (kernel launches, FLOPs)`` of each op, for the kernel counter
+COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
+         'mmeffvit.focused_linear_attention_backward': _backward_cost}
