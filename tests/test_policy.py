@@ -15,7 +15,8 @@ from mmeffvit.ops.policy import (KernelPolicy, choose_cpu_gemm, from_environment
                                  use_kernels, use_reference)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-KERNEL_VARIABLES = ('MMEFFVIT_OPS', 'MMEFFVIT_LINEAR_KERNEL', 'MMEFFVIT_MALLOC')
+KERNEL_VARIABLES = ('MMEFFVIT_OPS', 'MMEFFVIT_LINEAR_KERNEL', 'MMEFFVIT_MALLOC',
+                    'MMEFFVIT_TRITON')
 
 
 def test_defaults_follow_the_cpu():
@@ -54,7 +55,8 @@ def test_forced_gemm(forced, kernel_gemm):
 
 
 @pytest.mark.parametrize('name, value', [('MMEFFVIT_OPS', '2'), ('MMEFFVIT_LINEAR_KERNEL', 'mkl'),
-                                         ('MMEFFVIT_MALLOC', 'jemalloc')])
+                                         ('MMEFFVIT_MALLOC', 'jemalloc'),
+                                         ('MMEFFVIT_TRITON', 'yes')])
 def test_unknown_values_are_clear_errors(name, value):
     with pytest.raises(ValueError, match=name):
         from_environment({name: value})
@@ -70,6 +72,23 @@ def test_cpu_gemm_rule(capability, override, expected):
     if expected == 'onednn' and not policy_module.ONEDNN_LINEAR:
         expected = 'aten'
     assert choose_cpu_gemm(capability, override) == expected
+
+
+def test_triton_switch():
+    """Off unless asked for (not yet verified on a GPU); ``use_reference()`` turns it off,
+    ``use_kernels(triton=...)`` sets it for a block."""
+    assert not from_environment({}).triton and not from_environment({'MMEFFVIT_TRITON': '0'}).triton
+    assert from_environment({'MMEFFVIT_TRITON': '1'}).triton
+    before = policy().triton
+    with use_kernels(required=False, triton=True):
+        assert policy().triton and policy().mode == 'auto'
+        with use_reference():
+            assert not policy().triton
+        with use_kernels(required=False):  # unchanged unless given
+            assert policy().triton
+        with use_kernels(required=False, triton=False):
+            assert not policy().triton
+    assert policy().triton == before
 
 
 def test_malloc_setting():

@@ -22,6 +22,7 @@ from .biased_attention import (Workspace, _sdpa_with_terms, attention_backward,
                                biased_attention)
 from .ext_loader import get_ext
 from .policy import compiling, exporting
+from .triton_kernels import selected as triton_selected
 
 
 def _summed(bias, mask):
@@ -254,6 +255,20 @@ def _per_image(mask, windows, images):
     return window_attention_mask(mask.expand(windows, *mask.shape[1:]), images)
 
 
+def _triton_applies(q, k, v, bias, mask, dropout):
+    """Whether :func:`window_attention` runs the Triton op: selected by the policy (see
+    :func:`mmeffvit.ops.triton_kernels.selected`), no dropout, one dtype, windows of at most
+    256 tokens, and bias and mask floating ``(BW | 1, h | 1, n, n)`` terms."""
+    bw, h, n, _ = q.shape
+    terms = [t for t in (bias, mask) if t is not None]
+    if dropout or n > 256 or not q.dtype == k.dtype == v.dtype:
+        return False
+    if any(t.dim() != 4 or t.shape[0] not in (1, bw) or t.shape[1] not in (1, h)
+           or t.shape[2:] != (n, n) or not t.is_floating_point() for t in terms):
+        return False
+    return triton_selected(q, k, v, *terms)
+
+
 def window_attention(q, k, v, mask=None, scale=None, *, bias=None, dropout=0.):
     """``softmax(q·kᵀ·scale + bias + mask)·v`` per window and head (Swin, sec. 3.2, Eq. 4).
 
@@ -271,9 +286,15 @@ def window_attention(q, k, v, mask=None, scale=None, *, bias=None, dropout=0.):
 
     In CPU fp32 inference without dropout one compiled pass per (window, head) with the keys in
     L1 (float tolerance: its summation order and exponential differ from torch's kernels).
+    With the Triton kernels selected (``use_kernels(triton=True)``): the op
+    ``mmeffvit::window_attention``, one launch forward and one backward (plus the bias
+    gradient's sum), bias and mask read in place.
     """
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if _triton_applies(q, k, v, bias, mask, dropout):
+        out, _ = torch.ops.mmeffvit.window_attention(q, k, v, bias, mask, float(scale))
+        return out
     if _trained(bias):
         out = biased_attention(q, k, v, bias, mask, scale, dropout)
         return _heads_apart(out)

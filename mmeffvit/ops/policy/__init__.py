@@ -13,6 +13,9 @@ set:
   fp32 GEMM is the faster one there and the slower one on AVX2, ``docs/ops.md``).
 * ``MMEFFVIT_MALLOC``: ``retain`` keeps freed memory for reuse in training too, ``system``
   nowhere; unset, the inference tools keep it (``mmeffvit.utils.allocator``).
+* ``MMEFFVIT_TRITON``: ``1`` runs the Triton kernels (:mod:`mmeffvit.ops.triton_kernels`)
+  on CUDA tensors (and CPU ones under ``TRITON_INTERPRET=1``); unset or ``0``, not: they are
+  opt-in until a GPU run has verified them.
 
 The environment is read once, on first use. Tests and tools change the policy for a block with
 :func:`use_reference` / :func:`use_kernels` (as timm's ``set_layer_config``), never through the
@@ -42,7 +45,8 @@ ONEDNN_LINEAR = (torch.backends.mkldnn.is_available()
                  and hasattr(torch.ops.mkldnn, '_linear_pointwise'))
 _OPS_VALUES = {'0': 'reference', '': 'auto', 'auto': 'auto', '1': 'kernels'}
 _MALLOC_VALUES = {'': 'default', 'retain': 'retain', 'system': 'system'}
-_VARIABLES = ('MMEFFVIT_OPS', 'MMEFFVIT_LINEAR_KERNEL', 'MMEFFVIT_MALLOC')
+_TRITON_VALUES = {'': False, '0': False, '1': True}
+_VARIABLES = ('MMEFFVIT_OPS', 'MMEFFVIT_LINEAR_KERNEL', 'MMEFFVIT_MALLOC', 'MMEFFVIT_TRITON')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +65,8 @@ class KernelPolicy:
         cpu_capability (str): ATen's CPU capability (``'AVX512'``, ``'AVX2'``, ...).
         triton (bool): Whether the Triton kernels (:mod:`mmeffvit.ops.triton_kernels`) run
             where they can: on CUDA tensors, real or fake, and on CPU tensors under Triton's
-            interpreter (opt-in with :func:`use_kernels` until verified on a GPU).
+            interpreter (opt-in, ``MMEFFVIT_TRITON=1`` or :func:`use_kernels`, until verified
+            on a GPU).
     """
     mode: str
     cpu_gemm: str
@@ -115,15 +120,18 @@ def from_environment(environ) -> KernelPolicy:
     ops = environ.get('MMEFFVIT_OPS', '').strip().lower()
     linear_kernel = environ.get('MMEFFVIT_LINEAR_KERNEL', '').strip()
     malloc = environ.get('MMEFFVIT_MALLOC', '').strip().lower()
+    triton = environ.get('MMEFFVIT_TRITON', '').strip()
     if ops not in _OPS_VALUES:
         raise ValueError(f'MMEFFVIT_OPS must be 0, 1 or unset, got {ops!r}')
     if malloc not in _MALLOC_VALUES:
         raise ValueError(f"MMEFFVIT_MALLOC={malloc!r}: expected 'retain' or 'system'")
+    if triton not in _TRITON_VALUES:
+        raise ValueError(f'MMEFFVIT_TRITON must be 0, 1 or unset, got {triton!r}')
     capability = cpu_capability()
     return KernelPolicy(mode=_OPS_VALUES[ops],
                         cpu_gemm=choose_cpu_gemm(capability, linear_kernel),
                         cpu_gemm_forced=bool(linear_kernel), malloc=_MALLOC_VALUES[malloc],
-                        cpu_capability=capability)
+                        cpu_capability=capability, triton=_TRITON_VALUES[triton])
 
 
 _lock = threading.Lock()
@@ -272,7 +280,8 @@ def describe(current=None) -> str:
             ('  on cuda', p.ops_for('cuda'), ''),
             ('Triton', 'on' if p.triton else 'off',
              'Triton kernels on CUDA tensors (and CPU ones under TRITON_INTERPRET=1)'
-             if p.triton else 'opt-in: use_kernels(triton=True); not yet verified on a GPU'),
+             if p.triton else 'opt-in (MMEFFVIT_TRITON=1, use_kernels(triton=True)): not yet '
+             'verified on a GPU'),
             ('extension', 'mmeffvit._ext', built),
             ('CPU GEMM', p.cpu_gemm, gemm_why),
             ("kernels' GEMM", p.kernel_gemm,

@@ -3,6 +3,8 @@
 ``mmeffvit::focused_linear_attention`` returns the output and the packed fp32 state that its
 backward op ``mmeffvit::focused_linear_attention_backward`` reads; the autograd formula calls the
 backward op, which recomputes the focused features instead of keeping them.
+``mmeffvit::window_attention`` returns the output and the rows' log-sum-exp, from which
+``mmeffvit::window_attention_backward`` recomputes the probabilities.
 """
 from typing import Optional, Tuple
 
@@ -10,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads it here)
+from . import window_attention as window
 from .focused_linear_attention import launch_backward, launch_forward, num_splits, state_layout
 
 
@@ -63,6 +66,54 @@ def _backward(ctx, grad, grad_state):
 focused_linear_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op('mmeffvit::window_attention', mutates_args=())
+def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                     mask: Optional[Tensor], scale: float) -> Tuple[Tensor, Tensor]:
+    """Softmax attention in windows (see :mod:`.window_attention`): q, k, v ``(BW, h, n, ·)``
+    of one floating dtype, ``n ≤ 256``; bias and mask ``(BW | 1, h | 1, n, n)``. Returns the
+    output heads apart ``(BW, n, h, e)`` and the fp32 log-sum-exp ``(BW, h, n)``."""
+    return window.launch_forward(q, k, v, bias, mask, scale)
+
+
+@window_attention.register_fake
+def _(q, k, v, bias, mask, scale):
+    bw, h, n, _ = q.shape
+    return (q.new_empty(bw, n, h, v.shape[-1]),
+            q.new_empty(bw, h, n, dtype=torch.float32))
+
+
+@torch.library.custom_op('mmeffvit::window_attention_backward', mutates_args=())
+def window_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                              bias: Optional[Tensor], mask: Optional[Tensor], out: Tensor,
+                              lse: Tensor, scale: float,
+                              bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and the bias gradient (empty unless ``bias_grad``)."""
+    return window.launch_backward(grad, q, k, v, bias, mask, out, lse, scale, bias_grad)
+
+
+@window_attention_backward.register_fake
+def _(grad, q, k, v, bias, mask, out, lse, scale, bias_grad):
+    dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _window_setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, scale = inputs
+    ctx.save_for_backward(q, k, v, bias, mask, *output)
+    ctx.scale = scale
+
+
+def _window_backward(ctx, grad, grad_lse):
+    q, k, v, bias, mask, out, lse = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = torch.ops.mmeffvit.window_attention_backward(
+        grad, q, k, v, bias, mask, out, lse, ctx.scale, bias_grad)
+    return dq, dk, dv, dbias if bias_grad else None, None, None
+
+
+window_attention.register_autograd(_window_backward, setup_context=_window_setup_context)
+
+
 def _forward_cost(q, k, v, scale, heads, *_):
     """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
     there are several, pass 2; two products of ``D×E`` per token and head."""
@@ -79,6 +130,24 @@ def _backward_cost(grad, q, k, v, scale, state, heads, *_):
         v.shape[2] // heads) * q.shape[0]
 
 
+def _window_forward_cost(q, k, v, *_):
+    """One launch; the scores and the weighted sum."""
+    bw, h, n, d = q.shape
+    return 1, 2 * bw * h * n * n * (d + v.shape[-1])
+
+
+def _window_backward_cost(grad, q, k, v, bias, mask, out, lse, scale, bias_grad):
+    """One launch, plus the sum of the score gradients over broadcast windows or heads and
+    its cast where the bias is trained; the scores again and four products."""
+    bw, h, n, d = q.shape
+    launches = 1
+    if bias_grad:
+        launches += (bias.shape[0] == 1 or bias.shape[1] == 1) + (bias.dtype != torch.float32)
+    return launches, 2 * bw * h * n * n * (3 * d + 2 * v.shape[-1])
+
+
 #: ``name -> f(*args) -> (kernel launches, FLOPs)`` of each op, for the kernel counter
 COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
-         'mmeffvit.focused_linear_attention_backward': _backward_cost}
+         'mmeffvit.focused_linear_attention_backward': _backward_cost,
+         'mmeffvit.window_attention': _window_forward_cost,
+         'mmeffvit.window_attention_backward': _window_backward_cost}
