@@ -248,6 +248,58 @@ def test_compiled_entry_points_check_arguments():
             ext.focus_forward(meta, torch.zeros(8, device='meta'), 3.0, 1e-6)
 
 
+@needs_ext
+def test_compiled_backward_entry_points_check_every_argument():
+    """Every tensor a backward reads is checked before any kernel runs: the state of another
+    call (shape), device or accumulation type, and a gradient of the wrong shape or device
+    are errors, not out-of-bounds reads (what a CUDA kernel would make of them)."""
+    ext = ops.load_ext()
+    q, k, v = qkv(dtype=torch.float32)
+    out, kv, ksum = ext.linear_attention_forward(q, k, v, None, 0, 1e-6, 100.)
+    g = torch.randn_like(out)
+    meta = torch.empty(1, device='meta')
+    bad = [((g, q, k, v, kv[:, :, :-1], ksum), 'kv must have shape'),
+           ((g, q, k, v, kv, ksum[..., :-1]), 'ksum must have shape'),
+           ((g, q, k, v, kv.double(), ksum), 'accumulation type'),
+           ((g, q, k, v, kv, meta.expand(ksum.shape)), 'ksum must be a tensor on'),
+           ((g[..., :-1], q, k, v, kv, ksum), 'grad must have shape'),
+           ((meta.expand(g.shape), q, k, v, kv, ksum), 'grad must be on'),
+           ((g.int(), q, k, v, kv, ksum), 'floating')]
+    for args, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            ext.linear_attention_backward(*args, None, 0, 1e-6, 100.)
+    with pytest.raises(RuntimeError, match='mode'):
+        ext.linear_attention_backward(g, q, k, v, kv, ksum, None, 2, 1e-6, 100.)
+    # the state is read dense whatever its strides
+    grads = ext.linear_attention_backward(g, q, k, v, kv.transpose(-2, -1).contiguous()
+                                          .transpose(-2, -1), ksum, None, 0, 1e-6, 100.)
+    for a, b in zip(grads, ext.linear_attention_backward(g, q, k, v, kv, ksum, None, 0, 1e-6,
+                                                         100.)):
+        if a is not None:
+            torch.testing.assert_close(a, b)
+
+    x, scale = torch.randn(4, 8), torch.zeros(8)
+    gy = torch.randn(4, 8)
+    for args, message in [((gy[:, :-1], x, scale), 'grad must have shape'),
+                          ((meta.expand(4, 8), x, scale), 'grad must be on'),
+                          ((gy, x.int(), scale), 'floating'),
+                          ((gy, x, scale[:-1]), 'scale must have'),
+                          ((gy, x, meta.expand(8)), 'same device'),
+                          ((gy.flatten(), x.flatten(), scale), 'rows, C')]:
+        with pytest.raises(RuntimeError, match=message):
+            ext.focus_backward(*args, 3.0, 1e-6)
+
+    qt, kt, vt = (t.transpose(1, 2).flatten(2) for t in qkv(dtype=torch.float32, e=5))
+    scale = torch.zeros(15)
+    out, kv, ksum = ext.focused_linear_attention_forward(qt, kt, vt, scale, 3, 3.0, 1e-6, 1e-6)
+    grad = torch.randn_like(out)
+    backward = ext.focused_linear_attention_backward
+    with pytest.raises(RuntimeError, match='kv must have shape'):
+        backward(grad, qt, kt, vt, scale, kv[:, :1], ksum, 3, 3.0, 1e-6, 1e-6)
+    with pytest.raises(RuntimeError, match='ksum must have shape'):
+        backward(grad, qt, kt, vt, scale, kv, ksum[:, :, :1], 3, 3.0, 1e-6, 1e-6)
+
+
 def test_ops_switch(switch_kernels):
     with pytest.raises(ValueError, match='MMEFFVIT_OPS'):
         from_environment({'MMEFFVIT_OPS': '2'})

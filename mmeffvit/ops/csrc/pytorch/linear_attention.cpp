@@ -77,6 +77,33 @@ void check_focused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
               " entries, got shape ", scale.sizes());
 }
 
+// The forward's (d x e) state and key sum as its backward reads them: on q's device, in q's
+// accumulation type, of the forward's shapes, dense (the CUDA kernels index ksum directly).
+// Unchecked, a state from another call or device is read out of bounds by a kernel.
+void check_state(const at::Tensor& kv, const at::Tensor& ksum, const at::Tensor& q,
+                 int64_t batch, int64_t heads, int64_t d, int64_t e) {
+  const auto acc = at::toOpMathType(q.scalar_type());
+  const std::pair<const at::Tensor*, const char*> state[] = {{&kv, "kv"}, {&ksum, "ksum"}};
+  for (const auto& [t, name] : state) {
+    TORCH_CHECK(t->defined() && t->device() == q.device(), name, " must be a tensor on ",
+                q.device(), ", got ", t->defined() ? t->device() : q.device());
+    TORCH_CHECK(t->scalar_type() == acc, name, " must have the forward's accumulation type ", acc,
+                ", got ", t->scalar_type());
+  }
+  TORCH_CHECK(kv.sizes() == at::IntArrayRef({batch, heads, d, e}), "kv must have shape (",
+              batch, ", ", heads, ", ", d, ", ", e, "), got ", kv.sizes());
+  TORCH_CHECK(ksum.sizes() == at::IntArrayRef({batch, heads, d}), "ksum must have shape (",
+              batch, ", ", heads, ", ", d, "), got ", ksum.sizes());
+}
+
+// the gradient of an output: on the input's device, floating, of the output's shape
+void check_grad(const at::Tensor& g, const at::Tensor& like, at::IntArrayRef shape) {
+  TORCH_CHECK(g.device() == like.device(), "grad must be on ", like.device(), ", got ",
+              g.device());
+  check_float(g, "grad");
+  TORCH_CHECK(g.sizes() == shape, "grad must have shape ", shape, ", got ", g.sizes());
+}
+
 }  // namespace
 
 std::vector<at::Tensor> focused_linear_attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -99,9 +126,12 @@ std::vector<at::Tensor> focused_linear_attention_backward(
                   g.scalar_type() == q.scalar_type(),
               "grad must be (B, N, Ce) of dtype ", q.scalar_type(), ", got ", g.sizes(), " ",
               g.scalar_type());
+  check_grad(g, q, {q.size(0), q.size(1), v.size(2)});
+  check_state(kv, ksum, q, q.size(0), heads, q.size(2) / heads, v.size(2) / heads);
   return focused_linear_attention_backward_cpu(rows_ready(g), rows_ready(q), rows_ready(k),
                                                rows_ready(v), scale.reshape({-1}).contiguous(),
-                                               kv, ksum, heads, p, focus_eps, eps);
+                                               kv.contiguous(), ksum.contiguous(), heads, p,
+                                               focus_eps, eps);
 }
 
 at::Tensor focused_linear_attention_backward_into(
@@ -114,6 +144,8 @@ at::Tensor focused_linear_attention_backward_into(
                   g.scalar_type() == q.scalar_type(),
               "grad must be (B, N, Ce) of dtype ", q.scalar_type(), ", got ", g.sizes(), " ",
               g.scalar_type());
+  check_grad(g, q, {q.size(0), q.size(1), v.size(2)});
+  check_state(kv, ksum, q, q.size(0), heads, q.size(2) / heads, v.size(2) / heads);
   // each output may be the tensor it is the gradient of (its rows are read before they are
   // written) but must not overlap anything else: the caller's contract, not checked here
   const std::pair<const at::Tensor*, const at::Tensor*> outs[] = {{&dq, &q}, {&dk, &k},
@@ -127,7 +159,8 @@ at::Tensor focused_linear_attention_backward_into(
   for (const at::Tensor* in : {&q, &k, &v})
     TORCH_CHECK(in->stride(-1) == 1, "q, k, v need unit stride in the last dim here");
   return focused_linear_attention_backward_into_cpu(rows_ready(g), q, k, v,
-                                                    scale.reshape({-1}).contiguous(), kv, ksum,
+                                                    scale.reshape({-1}).contiguous(),
+                                                    kv.contiguous(), ksum.contiguous(),
                                                     heads, p, focus_eps, eps, dq, dk, dv);
 }
 
@@ -160,7 +193,15 @@ at::Tensor focus_forward(const at::Tensor& x, const at::Tensor& scale, double p,
 
 std::vector<at::Tensor> focus_backward(const at::Tensor& gy, const at::Tensor& x,
                                        const at::Tensor& scale, double p, double eps) {
-  TORCH_CHECK(gy.sizes() == x.sizes(), "grad shape ", gy.sizes(), " != input shape ", x.sizes());
+  TORCH_CHECK(x.dim() == 2, "focus_backward expects x of shape (rows, C), got ", x.sizes());
+  check_float(x, "x");
+  check_grad(gy, x, x.sizes());
+  check_float(scale, "scale");
+  TORCH_CHECK(scale.numel() == x.size(1), "scale must have C = ", x.size(1),
+              " entries, got shape ", scale.sizes());
+  TORCH_CHECK(scale.device() == x.device(), "x and scale must be on the same device, got ",
+              x.device(), " and ", scale.device());
+  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
   auto gyc = gy.to(at::toOpMathType(x.scalar_type())).contiguous();
   auto xc = x.contiguous();
   auto sc = scale.reshape({-1}).contiguous();
@@ -193,19 +234,21 @@ std::vector<at::Tensor> linear_attention_backward(
     const at::Tensor& kv, const at::Tensor& ksum, const c10::optional<at::Tensor>& temp,
     int64_t mode, double eps, double clamp_min) {
   check_attention(q, k, v);
-  TORCH_CHECK(g.size(0) == q.size(0) && g.size(1) == q.size(1) && g.size(2) == q.size(2) &&
-                  g.size(3) == v.size(3),
-              "grad must be (B, h, N, e), got ", g.sizes());
+  TORCH_CHECK(g.dim() == 4, "grad must be (B, h, N, e), got ", g.sizes());
+  check_grad(g, q, {q.size(0), q.size(1), q.size(2), v.size(3)});
+  TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (mean) or 1 (clamped sum), got ", mode);
+  check_state(kv, ksum, q, q.size(0), q.size(1), q.size(3), v.size(3));
   auto t = check_temp(temp, q);
   auto gc = rows_ready(g), qc = rows_ready(q), kc = rows_ready(k), vc = rows_ready(v);
+  auto kvc = kv.contiguous(), ksc = ksum.contiguous();
 #ifdef WITH_CUDA
   if (on_cuda(q)) {
-    return linear_attention_backward_cuda(gc, qc, kc, vc, kv, ksum, t, mode, eps, clamp_min);
+    return linear_attention_backward_cuda(gc, qc, kc, vc, kvc, ksc, t, mode, eps, clamp_min);
   }
 #else
   on_cuda(q);
 #endif
-  return linear_attention_backward_cpu(gc, qc, kc, vc, kv, ksum, t, mode, eps, clamp_min);
+  return linear_attention_backward_cpu(gc, qc, kc, vc, kvc, ksc, t, mode, eps, clamp_min);
 }
 
 }  // namespace mmeffvit
