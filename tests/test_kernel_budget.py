@@ -1,9 +1,10 @@
 """Kernels per CUDA forward, counted on this CPU with fake CUDA tensors
 (``mmeffvit.analysis.kernel_count``), held to the committed ceilings of
 ``tests/data/kernel_budget.json`` (written by ``tools/analysis/count_kernels.py --budget``):
-no backbone launches more kernels than its ceiling, and none reaches a data-dependent operator
-(a device-to-host sync on a GPU) that the budget does not list. Lower a ceiling, or drop a
-listed operator, in the commit that removes kernels or syncs.
+no backbone launches more kernels than its ceiling, on the default policy and with the Triton
+kernels selected (``triton-eval``, ``triton-train``), and none reaches a data-dependent
+operator (a device-to-host sync on a GPU) that the budget does not list. Lower a ceiling, or
+drop a listed operator, in the commit that removes kernels or syncs.
 """
 import json
 import os.path as osp
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from mmeffvit import ops
 from mmeffvit.analysis.kernel_count import count_backbone
 
 HERE = osp.dirname(osp.abspath(__file__))
@@ -21,14 +23,15 @@ sys.path.insert(0, osp.join(HERE, '..', 'tools', 'analysis'))
 import benchmark  # noqa: E402
 
 
-@pytest.mark.parametrize('mode', ['eval', 'train'])
+@pytest.mark.parametrize('mode', ['eval', 'train', 'triton-eval', 'triton-train'])
 @pytest.mark.parametrize('name', sorted(BUDGET['cases']))
 def test_kernels_within_budget_and_no_new_sync(name, mode):
     from mmeffvit.analysis.benchmark_worker import build_case
     scope, cfg, _ = benchmark.CASES[name]
     budget = BUDGET['cases'][name][mode]
-    count = count_backbone(build_case(dict(scope=scope, cfg=cfg)), tuple(BUDGET['shape']),
-                           BUDGET['batch'], torch.float32, mode == 'train')
+    with ops.use_kernels(required=False, triton=mode.startswith('triton')):
+        count = count_backbone(build_case(dict(scope=scope, cfg=cfg)), tuple(BUDGET['shape']),
+                               BUDGET['batch'], torch.float32, mode.endswith('train'))
     new = sorted(set(count.data_dependent) - set(budget['data_dependent']))
     assert not new, f'{name} ({mode}): data-dependent operators not in the budget: {new}'
     assert count.kernels <= budget['kernels'], (
@@ -110,6 +113,7 @@ def test_tool_writes_the_table_between_markers_and_the_budget(tmp_path):
     written = json.loads(budget.read_text())
     assert written['shape'] == [64, 96] and set(written['cases']) == {'LaViT-T'}
     assert written['cases']['LaViT-T']['eval'] == dict(kernels=lavit, data_dependent=[])
+    assert set(written['cases']['LaViT-T']) == {'eval', 'train', 'triton-eval', 'triton-train'}
 
 
 def test_the_count_sees_the_unhooked_paths():
