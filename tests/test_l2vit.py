@@ -257,6 +257,27 @@ def test_golden_outputs_equal_official(name, tmp_path, request):
     check_stages(outs, record)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['l2vit_small_75x101', 'l2vit_tiny_199x263'])
+def test_golden_outputs_on_the_triton_kernels(name, tmp_path):
+    """The records in fp32 with the Triton kernels selected (the windows on
+    ``mmeffvit::window_attention``, interpreted without a GPU), within fp32 tolerance."""
+    from mmeffvit import ops
+    from mmeffvit.analysis.kernel_count import KernelCounter
+    pytest.importorskip('triton')
+    record = load_record('l2vit', name)
+    model = _golden_model(record, tmp_path).float()
+    with torch.no_grad(), ops.use_kernels(required=False, triton=True), \
+            KernelCounter() as counter:
+        outs = model(record['input'].float())
+    assert counter.count.by_op['mmeffvit.window_attention'] > 0
+    for i, ours in enumerate(outs):
+        ref = record['stages'][i] if record.get('stages') is not None else None
+        got = ours.double() if ref is not None else ours.double().flatten()[::record['stride']]
+        ref = ref if ref is not None else record['stage_samples'][i]
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4, msg=lambda m: f'stage {i}: {m}')
+
+
 def test_golden_fill_rule_reproduces_stored_weights():
     record = load_record('l2vit', 'l2vit_small_75x101')
     for key, value in record['state_dict'].items():
