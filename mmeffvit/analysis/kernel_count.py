@@ -47,7 +47,9 @@ NO_KERNEL = frozenset({
     'aten.sym_stride', 'aten.sym_numel', 'aten.sym_storage_offset', 'aten.is_contiguous',
     'aten.is_same_size', 'aten._has_compatible_shallow_copy_type', 'aten.set_', 'aten.resize_',
     'aten.is_coalesced', 'aten.dim', 'aten.size', 'aten.stride', 'aten.numel',
-    'aten._unsafe_view', 'aten._reshape_alias'})
+    'aten._unsafe_view', 'aten._reshape_alias',
+    # dtype arithmetic on the host, dispatched as operators
+    'aten.promote_types', 'aten.result_type', 'aten.can_cast'})
 
 
 @dataclasses.dataclass

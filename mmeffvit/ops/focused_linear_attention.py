@@ -116,9 +116,7 @@ def focused_linear_attention(q, k, v, scale, num_heads, focusing_factor=3, focus
                                  or residual.device != q.device):
         raise ValueError(f'residual must be a (B, N, Ce) = {(b, q.shape[1], v.shape[2])} tensor '
                          f'on {q.device}, got {tuple(residual.shape)} on {residual.device}')
-    dtype = q.dtype  # (promote_types is a dispatched operator: only where needed)
-    if not q.dtype == k.dtype == v.dtype:
-        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if q.numel() and k.shape[1] and triton_selected(q, k, v, scale):  # (registers the op)
         out, _ = torch.ops.mmeffvit.focused_linear_attention(
             q.to(dtype), k.to(dtype), v.to(dtype), scale, num_heads, float(focusing_factor),

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .policy import compiling
+from .triton_kernels import selected as triton_selected
 
 
 def _taps(in_len, out_len, kernel, stride):
@@ -114,7 +115,14 @@ def query_grid_conv(attn, weight, bias, stride, out_hw):
 
     Returns:
         Tensor: ``(B, out, Ho, Wo, Nk)``.
+
+    With the Triton kernels selected (``use_kernels(triton=True)``): the op
+    ``mmeffvit::query_grid_conv``, one launch that reads every tap in place (``k·k·in``
+    multiply-adds over strided slices otherwise).
     """
+    if attn.dim() == 5 and triton_selected(attn, weight, *([] if bias is None else [bias])):
+        return torch.ops.mmeffvit.query_grid_conv(attn, weight, bias, int(stride),
+                                                  int(out_hw[0]), int(out_hw[1]))
     if compiling():  # the compiler plans the memory that _QueryGridConv saves
         return query_grid_conv_reference(attn, weight, stride, tuple(out_hw), bias)
     return _QueryGridConv.apply(attn, weight, bias, stride, tuple(out_hw))

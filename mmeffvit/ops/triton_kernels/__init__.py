@@ -1,7 +1,7 @@
 """Triton kernels behind the :mod:`mmeffvit.ops` entry points, as ``torch.library`` custom ops.
 
 Each kernel pair (forward, backward) is one custom op with a fake implementation and an
-autograd formula (:mod:`.library`), so ``torch.compile`` and the kernel counter see one op and
+autograd formula (:mod:`.custom_ops`), so ``torch.compile`` and the kernel counter see one op and
 fake tensors never reach Triton. Nothing here imports Triton before an entry point asks for a
 kernel, and asking touches no GPU driver: Triton is imported, never initialised, until a real
 launch. The kernels run on CUDA tensors, and on CPU tensors when Triton's interpreter is on
@@ -14,15 +14,15 @@ import torch
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-_loaded = []  # [the library module or None], once imported
+_loaded = []  # [the custom_ops module or None], once imported
 
 
 @torch.compiler.assume_constant_result  # run, not traced, by torch.compile: a constant there
 def available():
-    """Whether Triton is installed; imports :mod:`.library` once, which registers the ops."""
+    """Whether Triton is installed; imports :mod:`.custom_ops` once, which registers the ops."""
     if not _loaded:
         try:
-            _loaded.append(importlib.import_module(f'{__name__}.library'))
+            _loaded.append(importlib.import_module(f'{__name__}.custom_ops'))
         except ImportError:  # a torch without Triton (CPU-only wheels of some platforms)
             _loaded.append(None)
     return _loaded[0] is not None
@@ -34,8 +34,9 @@ def interpreted():
     return available() and _loaded[0].interpreting()
 
 
-def library():
-    """The registered ops' module; ImportError where Triton is not installed."""
+def registered_ops():
+    """The registered ops' module (:mod:`.custom_ops`); ImportError where Triton is not
+    installed."""
     if not available():
         raise ImportError('the Triton kernels need the triton package (it ships with CUDA builds '
                           'of torch)')

@@ -5,6 +5,7 @@ backward op ``mmeffvit::focused_linear_attention_backward`` reads; the autograd 
 backward op, which recomputes the focused features instead of keeping them.
 ``mmeffvit::window_attention`` returns the output and the rows' log-sum-exp, from which
 ``mmeffvit::window_attention_backward`` recomputes the probabilities.
+``mmeffvit::query_grid_conv`` (+ ``_backward``): LaViT's attention-residual conv.
 """
 from typing import Optional, Tuple
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads it here)
+from . import query_grid_conv as grid_conv
 from . import window_attention as window
 from .focused_linear_attention import launch_backward, launch_forward, num_splits, state_layout
 
@@ -114,6 +116,55 @@ def _window_backward(ctx, grad, grad_lse):
 window_attention.register_autograd(_window_backward, setup_context=_window_setup_context)
 
 
+@torch.library.custom_op('mmeffvit::query_grid_conv', mutates_args=())
+def query_grid_conv(attn: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
+                    out_h: int, out_w: int) -> Tensor:
+    """LaViT's conv over the query grid of ``(B, h, Hq, Wq, Nk)`` scores (see
+    :mod:`.query_grid_conv`); ``(B, O, out_h, out_w, Nk)`` in the dtype of ``attn``."""
+    return grid_conv.launch_forward(attn, weight, bias, stride, (out_h, out_w))
+
+
+@query_grid_conv.register_fake
+def _(attn, weight, bias, stride, out_h, out_w):
+    return attn.new_empty(attn.shape[0], weight.shape[0], out_h, out_w, attn.shape[-1])
+
+
+@torch.library.custom_op('mmeffvit::query_grid_conv_backward', mutates_args=())
+def query_grid_conv_backward(grad: Tensor, attn: Tensor, weight: Tensor, stride: int, out_h: int,
+                             out_w: int, need_attn: bool, need_weight: bool,
+                             need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of the scores, the weight and the bias (empty where not needed)."""
+    return grid_conv.launch_backward(grad, attn, weight, stride, (out_h, out_w), need_attn,
+                                     need_weight, need_bias)
+
+
+@query_grid_conv_backward.register_fake
+def _(grad, attn, weight, stride, out_h, out_w, need_attn, need_weight, need_bias):
+    return (attn.new_empty(attn.shape) if need_attn else attn.new_empty(0),
+            weight.new_empty(weight.shape) if need_weight else attn.new_empty(0),
+            weight.new_empty(weight.shape[0]) if need_bias else attn.new_empty(0))
+
+
+def _grid_setup_context(ctx, inputs, output):
+    attn, weight, bias, stride, out_h, out_w = inputs
+    ctx.save_for_backward(attn, weight)
+    ctx.geometry = (stride, out_h, out_w)
+    ctx.has_bias = bias is not None
+
+
+def _grid_backward(ctx, grad):
+    attn, weight = ctx.saved_tensors
+    need_attn, need_weight, need_bias = ctx.needs_input_grad[:3]
+    grad_attn, grad_weight, grad_bias = torch.ops.mmeffvit.query_grid_conv_backward(
+        grad, attn, weight, *ctx.geometry, need_attn, need_weight,
+        ctx.has_bias and need_bias)
+    return (grad_attn if need_attn else None, grad_weight if need_weight else None,
+            grad_bias if ctx.has_bias and need_bias else None, None, None, None)
+
+
+query_grid_conv.register_autograd(_grid_backward, setup_context=_grid_setup_context)
+
+
 def _forward_cost(q, k, v, scale, heads, *_):
     """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
     there are several, pass 2; two products of ``D×E`` per token and head."""
@@ -146,8 +197,23 @@ def _window_backward_cost(grad, q, k, v, bias, mask, out, lse, scale, bias_grad)
     return launches, 2 * bw * h * n * n * (3 * d + 2 * v.shape[-1])
 
 
+def _grid_forward_cost(attn, weight, bias, stride, out_h, out_w):
+    """One launch; a multiply-add per output, input head and tap."""
+    b, h, _, _, nk = attn.shape
+    return 1, 2 * b * weight.shape[0] * out_h * out_w * nk * h * weight.shape[-1] ** 2
+
+
+def _grid_backward_cost(grad, attn, weight, stride, out_h, out_w, need_attn, need_weight,
+                        need_bias):
+    """The scores' gradient; the weight's partial sums and their sum; the bias' sum and cast."""
+    _, flops = _grid_forward_cost(attn, weight, None, stride, out_h, out_w)
+    return need_attn + 2 * need_weight + 2 * need_bias, flops * (need_attn + need_weight)
+
+
 #: ``name -> f(*args) -> (kernel launches, FLOPs)`` of each op, for the kernel counter
 COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
          'mmeffvit.focused_linear_attention_backward': _backward_cost,
          'mmeffvit.window_attention': _window_forward_cost,
-         'mmeffvit.window_attention_backward': _window_backward_cost}
+         'mmeffvit.window_attention_backward': _window_backward_cost,
+         'mmeffvit.query_grid_conv': _grid_forward_cost,
+         'mmeffvit.query_grid_conv_backward': _grid_backward_cost}
