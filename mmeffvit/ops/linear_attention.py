@@ -4,6 +4,7 @@ from torch.autograd.function import once_differentiable
 
 from ..utils import at_least_fp32
 from .ext_loader import get_ext
+from .triton_kernels import selected as triton_selected
 
 _MODES = {'mean': 0, 'sum': 1}
 
@@ -83,7 +84,9 @@ def linear_attention(q, k, v=None, normalizer='mean', eps=1e-6, temperature=None
     with the gradients of both uses summed; CARE's identity values (the un-projected input
     tokens, no value projection) are an ordinary ``v``.
     The compiled operator never forms an N×n or full-size intermediate and accumulates in fp32;
-    the result has the dtype of ``q``.
+    the result has the dtype of ``q``. With the Triton kernels selected
+    (``use_kernels(triton=True)``, a tensor or no temperature): the op
+    ``mmeffvit::linear_attention``, two passes forward, two backward.
 
     Args:
         q (Tensor): ``(B, h, N, d)`` mapped queries.
@@ -113,6 +116,12 @@ def linear_attention(q, k, v=None, normalizer='mean', eps=1e-6, temperature=None
                         f'{vv.dtype}')
     if not (q.device == k.device == vv.device):
         raise ValueError(f'q, k, v are on different devices: {q.device}, {k.device}, {vv.device}')
+    if (q.numel() and k.shape[-2] and triton_selected(q, k, vv)
+            and (temperature is None or isinstance(temperature, torch.Tensor))):
+        temp = None if temperature is None else _heads_param(temperature, q).reshape(-1)
+        out, _ = torch.ops.mmeffvit.linear_attention(q, k, vv, temp, _MODES[normalizer],
+                                                     float(eps), float(clamp_min))
+        return out
     if get_ext(q) is None or q.numel() == 0 or k.shape[-2] == 0:
         return linear_attention_ref(q, k, v, normalizer, eps, temperature, clamp_min)
     temp = temperature

@@ -6,6 +6,7 @@ backward op, which recomputes the focused features instead of keeping them.
 ``mmeffvit::window_attention`` returns the output and the rows' log-sum-exp, from which
 ``mmeffvit::window_attention_backward`` recomputes the probabilities.
 ``mmeffvit::query_grid_conv`` (+ ``_backward``): LaViT's attention-residual conv.
+``mmeffvit::linear_attention`` (+ ``_backward``): kv-first attention on mapped features.
 """
 from typing import Optional, Tuple
 
@@ -13,9 +14,11 @@ import torch
 from torch import Tensor
 
 from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads it here)
+from . import linear_attention as kv_first
 from . import query_grid_conv as grid_conv
 from . import window_attention as window
-from .focused_linear_attention import launch_backward, launch_forward, num_splits, state_layout
+from .focused_linear_attention import (launch_backward, launch_forward, num_splits, padded,
+                                       state_layout)
 
 
 @torch.library.custom_op('mmeffvit::focused_linear_attention', mutates_args=())
@@ -165,6 +168,55 @@ def _grid_backward(ctx, grad):
 query_grid_conv.register_autograd(_grid_backward, setup_context=_grid_setup_context)
 
 
+@torch.library.custom_op('mmeffvit::linear_attention', mutates_args=())
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, temperature: Optional[Tensor], mode: int,
+                     eps: float, clamp_min: float) -> Tuple[Tensor, Tensor]:
+    """Kv-first linear attention on mapped ``(B, h, tokens, ·)`` features (see
+    :mod:`.linear_attention`; ``mode`` 0: mean form, 1: clamped sum), ``temperature`` ``(h,)``.
+    Returns ``(B, h, N, e)`` and the packed fp32 state."""
+    return kv_first.launch_forward(q, k, v, temperature, mode, eps, clamp_min)
+
+
+@linear_attention.register_fake
+def _(q, k, v, temperature, mode, eps, clamp_min):
+    d, e = padded(q.shape[-1]), padded(v.shape[-1])
+    return (q.new_empty(*q.shape[:3], v.shape[-1]),
+            q.new_empty(q.shape[0] * q.shape[1], d * e + d, dtype=torch.float32))
+
+
+@torch.library.custom_op('mmeffvit::linear_attention_backward', mutates_args=())
+def linear_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                              temperature: Optional[Tensor], state: Tensor, mode: int,
+                              eps: float, clamp_min: float) -> Tuple[Tensor, Tensor, Tensor,
+                                                                     Tensor]:
+    """dq, dk, dv and the temperature's gradient (``(h,)`` fp32, empty without one)."""
+    return kv_first.launch_backward(grad, q, k, v, temperature, state, mode, eps, clamp_min)
+
+
+@linear_attention_backward.register_fake
+def _(grad, q, k, v, temperature, state, mode, eps, clamp_min):
+    heads = 0 if temperature is None else q.shape[1]
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(heads, dtype=torch.float32))
+
+
+def _kv_first_setup_context(ctx, inputs, output):
+    q, k, v, temperature, mode, eps, clamp_min = inputs
+    ctx.save_for_backward(q, k, v, temperature, output[1])
+    ctx.params = (mode, eps, clamp_min)
+
+
+def _kv_first_backward(ctx, grad, grad_state):
+    q, k, v, temperature, state = ctx.saved_tensors
+    dq, dk, dv, d_temp = torch.ops.mmeffvit.linear_attention_backward(
+        grad, q, k, v, temperature, state, *ctx.params)
+    d_temp = None if temperature is None else d_temp.to(temperature.dtype)
+    return dq, dk, dv, d_temp, None, None, None
+
+
+linear_attention.register_autograd(_kv_first_backward, setup_context=_kv_first_setup_context)
+
+
 def _forward_cost(q, k, v, scale, heads, *_):
     """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
     there are several, pass 2; two products of ``D×E`` per token and head."""
@@ -210,10 +262,25 @@ def _grid_backward_cost(grad, attn, weight, stride, out_h, out_w, need_attn, nee
     return need_attn + 2 * need_weight + 2 * need_bias, flops * (need_attn + need_weight)
 
 
+def _kv_first_forward_cost(q, k, v, temperature, *_):
+    """Pass 1, the partial states' sum where there are several, pass 2."""
+    b, h, n_q, d = q.shape
+    return 2 + (num_splits(k.shape[2]) > 1), 2 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
+
+
+def _kv_first_backward_cost(grad, q, k, v, temperature, *_):
+    """The query pass (and its partial sums), the key pass, the temperature's sum."""
+    b, h, n_q, d = q.shape
+    launches = 2 + (num_splits(n_q) > 1) + (temperature is not None)
+    return launches, 4 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
+
+
 #: ``name -> f(*args) -> (kernel launches, FLOPs)`` of each op, for the kernel counter
 COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
          'mmeffvit.focused_linear_attention_backward': _backward_cost,
          'mmeffvit.window_attention': _window_forward_cost,
          'mmeffvit.window_attention_backward': _window_backward_cost,
          'mmeffvit.query_grid_conv': _grid_forward_cost,
-         'mmeffvit.query_grid_conv_backward': _grid_backward_cost}
+         'mmeffvit.query_grid_conv_backward': _grid_backward_cost,
+         'mmeffvit.linear_attention': _kv_first_forward_cost,
+         'mmeffvit.linear_attention_backward': _kv_first_backward_cost}
