@@ -52,6 +52,29 @@ def num_splits(n):
 
 
 @triton.jit
+def head_columns(head, D: tl.constexpr, D_PAD: tl.constexpr):
+    """One head's ``D`` columns of a token row (padded to ``D_PAD``) and their mask."""
+    offs = tl.arange(0, D_PAD)
+    return head * D + offs, offs < D
+
+
+@triton.jit
+def load_state(state_ptr, D_PAD: tl.constexpr, E_PAD: tl.constexpr):
+    """The packed ``(D_PAD, E_PAD)`` state and ``D_PAD`` key sum at ``state_ptr``."""
+    d = tl.arange(0, D_PAD)
+    kv = tl.load(state_ptr + d[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :])
+    return kv, tl.load(state_ptr + D_PAD * E_PAD + d)
+
+
+@triton.jit
+def store_state(state_ptr, kv, ksum, D_PAD: tl.constexpr, E_PAD: tl.constexpr):
+    """Packs a ``(D_PAD, E_PAD)`` state and a ``D_PAD`` key sum at ``state_ptr``."""
+    d = tl.arange(0, D_PAD)
+    tl.store(state_ptr + d[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :], kv)
+    tl.store(state_ptr + D_PAD * E_PAD + d, ksum)
+
+
+@triton.jit
 def _state_kernel(k_ptr, v_ptr, s_ptr, part_ptr, n, C, Ce, heads, tokens_per_split, inv_n,
                   focus_eps, p,
                   skb, skn, skc, svb, svn, svc,
@@ -64,10 +87,8 @@ def _state_kernel(k_ptr, v_ptr, s_ptr, part_ptr, n, C, Ce, heads, tokens_per_spl
     head = pid_bh % heads
     k_ptr += b * skb
     v_ptr += b * svb
-    d_cols = head * D + tl.arange(0, D_PAD)
-    d_mask = tl.arange(0, D_PAD) < D
-    e_cols = head * E + tl.arange(0, E_PAD)
-    e_mask = tl.arange(0, E_PAD) < E
+    d_cols, d_mask = head_columns(head, D, D_PAD)
+    e_cols, e_mask = head_columns(head, E, E_PAD)
     kv = tl.zeros([D_PAD, E_PAD], dtype=tl.float32)
     ksum = tl.zeros([D_PAD], dtype=tl.float32)
     start = split * tokens_per_split
@@ -81,11 +102,9 @@ def _state_kernel(k_ptr, v_ptr, s_ptr, part_ptr, n, C, Ce, heads, tokens_per_spl
                     mask=row_mask[:, None] & e_mask[None, :], other=0.0)
         kv = tl.dot(tl.trans(phi.to(DOT_DTYPE)), v.to(DOT_DTYPE), kv, input_precision=PRECISION)
         ksum += tl.sum(phi, axis=0)
-    # partial state of this split: D_PAD x E_PAD products then D_PAD key sums, already / n
+    # partial state of this split, already / n
     part_ptr += (pid_bh * tl.num_programs(1) + split) * (D_PAD * E_PAD + D_PAD)
-    offs = tl.arange(0, D_PAD)[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :]
-    tl.store(part_ptr + offs, kv * inv_n)
-    tl.store(part_ptr + D_PAD * E_PAD + tl.arange(0, D_PAD), ksum * inv_n)
+    store_state(part_ptr, kv * inv_n, ksum * inv_n, D_PAD, E_PAD)
 
 
 @triton.jit
@@ -101,13 +120,9 @@ def _apply_kernel(q_ptr, s_ptr, state_ptr, r_ptr, o_ptr, N, C, heads, focus_eps,
     q_ptr += b * sqb
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < N
-    d_cols = head * D + tl.arange(0, D_PAD)
-    d_mask = tl.arange(0, D_PAD) < D
-    e_cols = head * E + tl.arange(0, E_PAD)
-    e_mask = tl.arange(0, E_PAD) < E
-    state_ptr += pid_bh * (D_PAD * E_PAD + D_PAD)
-    kv = tl.load(state_ptr + tl.arange(0, D_PAD)[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :])
-    kmean = tl.load(state_ptr + D_PAD * E_PAD + tl.arange(0, D_PAD))
+    d_cols, d_mask = head_columns(head, D, D_PAD)
+    e_cols, e_mask = head_columns(head, E, E_PAD)
+    kv, kmean = load_state(state_ptr + pid_bh * (D_PAD * E_PAD + D_PAD), D_PAD, E_PAD)
     phi, _, _, _ = focused_head(q_ptr, sqn, sqc, rows, row_mask, C, d_cols, d_mask, s_ptr,
                                 focus_eps, p, P_INT, BLOCK_C)
     num = tl.dot(phi.to(DOT_DTYPE), kv.to(DOT_DTYPE), input_precision=PRECISION)
@@ -138,13 +153,9 @@ def _grad_query_kernel(q_ptr, s_ptr, state_ptr, g_ptr, dphi_ptr, part_ptr, N, C,
     q_ptr += b * sqb
     g_ptr += b * sgb
     dphi_ptr += b * N * C
-    d_cols = head * D + tl.arange(0, D_PAD)
-    d_mask = tl.arange(0, D_PAD) < D
-    e_cols = head * E + tl.arange(0, E_PAD)
-    e_mask = tl.arange(0, E_PAD) < E
-    state_ptr += pid_bh * (D_PAD * E_PAD + D_PAD)
-    kv = tl.load(state_ptr + tl.arange(0, D_PAD)[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :])
-    kmean = tl.load(state_ptr + D_PAD * E_PAD + tl.arange(0, D_PAD))
+    d_cols, d_mask = head_columns(head, D, D_PAD)
+    e_cols, e_mask = head_columns(head, E, E_PAD)
+    kv, kmean = load_state(state_ptr + pid_bh * (D_PAD * E_PAD + D_PAD), D_PAD, E_PAD)
     d_kv = tl.zeros([D_PAD, E_PAD], dtype=tl.float32)
     d_kmean = tl.zeros([D_PAD], dtype=tl.float32)
     start = split * tokens_per_split
@@ -168,9 +179,7 @@ def _grad_query_kernel(q_ptr, s_ptr, state_ptr, g_ptr, dphi_ptr, part_ptr, N, C,
                       input_precision=PRECISION)
         d_kmean += tl.sum(d_den[:, None] * phi, axis=0)
     part_ptr += (pid_bh * tl.num_programs(1) + split) * (D_PAD * E_PAD + D_PAD)
-    offs = tl.arange(0, D_PAD)[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :]
-    tl.store(part_ptr + offs, d_kv)
-    tl.store(part_ptr + D_PAD * E_PAD + tl.arange(0, D_PAD), d_kmean)
+    store_state(part_ptr, d_kv, d_kmean, D_PAD, E_PAD)
 
 
 @triton.jit
@@ -191,14 +200,10 @@ def _grad_key_kernel(k_ptr, v_ptr, s_ptr, dstate_ptr, dphi_ptr, dv_ptr, n, C, he
     dphi_ptr += b * n * C
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
-    d_cols = head * D + tl.arange(0, D_PAD)
-    d_mask = tl.arange(0, D_PAD) < D
-    e_cols = head * E + tl.arange(0, E_PAD)
-    e_mask = tl.arange(0, E_PAD) < E
-    dstate_ptr += pid_bh * (D_PAD * E_PAD + D_PAD)
-    d_kv = tl.load(dstate_ptr + tl.arange(0, D_PAD)[:, None] * E_PAD
-                   + tl.arange(0, E_PAD)[None, :]) * inv_n
-    d_kmean = tl.load(dstate_ptr + D_PAD * E_PAD + tl.arange(0, D_PAD)) * inv_n
+    d_cols, d_mask = head_columns(head, D, D_PAD)
+    e_cols, e_mask = head_columns(head, E, E_PAD)
+    d_kv, d_kmean = load_state(dstate_ptr + pid_bh * (D_PAD * E_PAD + D_PAD), D_PAD, E_PAD)
+    d_kv, d_kmean = d_kv * inv_n, d_kmean * inv_n
     phi, _, _, _ = focused_head(k_ptr, skn, skc, rows, row_mask, C, d_cols, d_mask, s_ptr,
                                 focus_eps, p, P_INT, BLOCK_C)
     ev_mask = row_mask[:, None] & e_mask[None, :]

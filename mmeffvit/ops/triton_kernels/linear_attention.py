@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .focused_linear_attention import BLOCK_TOKENS, dot_setup, num_splits, padded
+from .focused_linear_attention import (BLOCK_TOKENS, dot_setup, load_state, num_splits, padded,
+                                       store_state)
 
 
 @triton.jit
@@ -39,8 +40,7 @@ def _state_kernel(k_ptr, v_ptr, part_ptr, n, heads, tokens_per_split, inv_n,
         kv = tl.dot(tl.trans(k.to(DOT_DTYPE)), v.to(DOT_DTYPE), kv, input_precision=PRECISION)
         ksum += tl.sum(k, axis=0)
     part_ptr += (pid * tl.num_programs(1) + split) * (D_PAD * E_PAD + D_PAD)
-    tl.store(part_ptr + d[:, None] * E_PAD + e[None, :], kv * inv_n)
-    tl.store(part_ptr + D_PAD * E_PAD + d, ksum * inv_n)
+    store_state(part_ptr, kv * inv_n, ksum * inv_n, D_PAD, E_PAD)
 
 
 @triton.jit
@@ -67,9 +67,7 @@ def _apply_kernel(q_ptr, state_ptr, t_ptr, o_ptr, N, heads, eps, clamp,
     q = tl.load(q_ptr + (pid // heads) * sqb + (pid % heads) * sqh + rows[:, None] * sqn
                 + d[None, :] * sqd, mask=row_mask[:, None] & (d < D)[None, :],
                 other=0.0).to(tl.float32)
-    state_ptr += pid * (D_PAD * E_PAD + D_PAD)
-    kv = tl.load(state_ptr + d[:, None] * E_PAD + e[None, :])
-    kmean = tl.load(state_ptr + D_PAD * E_PAD + d)
+    kv, kmean = load_state(state_ptr + pid * (D_PAD * E_PAD + D_PAD), D_PAD, E_PAD)
     num, _, den = _normalised(q, kv, kmean, eps, clamp, MODE, DOT_DTYPE, PRECISION)
     den = tl.where(row_mask, den, 1.0)
     if HAS_TEMP:
@@ -93,9 +91,7 @@ def _grad_query_kernel(q_ptr, state_ptr, t_ptr, g_ptr, dq_ptr, part_ptr, N, head
     g_ptr += (pid // heads) * sgb + (pid % heads) * sgh
     d = tl.arange(0, D_PAD)
     e = tl.arange(0, E_PAD)
-    state = state_ptr + pid * (D_PAD * E_PAD + D_PAD)
-    kv = tl.load(state + d[:, None] * E_PAD + e[None, :])
-    kmean = tl.load(state + D_PAD * E_PAD + d)
+    kv, kmean = load_state(state_ptr + pid * (D_PAD * E_PAD + D_PAD), D_PAD, E_PAD)
     tau = tl.load(t_ptr + pid % heads).to(tl.float32) if HAS_TEMP else 1.0
     d_kv = tl.zeros([D_PAD, E_PAD], dtype=tl.float32)
     d_kmean = tl.zeros([D_PAD], dtype=tl.float32)
@@ -125,8 +121,7 @@ def _grad_query_kernel(q_ptr, state_ptr, t_ptr, g_ptr, dq_ptr, part_ptr, N, head
         d_kmean += tl.sum(d_den[:, None] * q, axis=0)
         d_tau += tl.sum(d_num * num, axis=1)
     part_ptr += (pid * tl.num_programs(1) + split) * (D_PAD * E_PAD + D_PAD + 1)
-    tl.store(part_ptr + d[:, None] * E_PAD + e[None, :], d_kv)
-    tl.store(part_ptr + D_PAD * E_PAD + d, d_kmean)
+    store_state(part_ptr, d_kv, d_kmean, D_PAD, E_PAD)
     tl.store(part_ptr + D_PAD * E_PAD + D_PAD, tl.sum(d_tau, axis=0))
 
 
@@ -141,9 +136,8 @@ def _grad_key_kernel(k_ptr, v_ptr, dstate_ptr, dk_ptr, dv_ptr, n, heads, inv_n,
     row_mask = rows < n
     d = tl.arange(0, D_PAD)
     e = tl.arange(0, E_PAD)
-    dstate_ptr += pid * (D_PAD * E_PAD + D_PAD + 1)
-    d_kv = tl.load(dstate_ptr + d[:, None] * E_PAD + e[None, :]) * inv_n
-    d_kmean = tl.load(dstate_ptr + D_PAD * E_PAD + d) * inv_n
+    d_kv, d_kmean = load_state(dstate_ptr + pid * (D_PAD * E_PAD + D_PAD + 1), D_PAD, E_PAD)
+    d_kv, d_kmean = d_kv * inv_n, d_kmean * inv_n
     kd_mask = row_mask[:, None] & (d < D)[None, :]
     ve_mask = row_mask[:, None] & (e < E)[None, :]
     k = tl.load(k_ptr + (pid // heads) * skb + (pid % heads) * skh + rows[:, None] * skn

@@ -104,6 +104,18 @@ void check_grad(const at::Tensor& g, const at::Tensor& like, at::IntArrayRef sha
   TORCH_CHECK(g.sizes() == shape, "grad must have shape ", shape, ", got ", g.sizes());
 }
 
+// the focusing function's input: (rows, C) floating, a scale of C entries on its device
+void check_focus(const at::Tensor& x, const at::Tensor& scale, double p, const char* op) {
+  TORCH_CHECK(x.dim() == 2, op, " expects x of shape (rows, C), got ", x.sizes());
+  check_float(x, "x");
+  check_float(scale, "scale");
+  TORCH_CHECK(scale.numel() == x.size(1), "scale must have C = ", x.size(1),
+              " entries, got shape ", scale.sizes());
+  TORCH_CHECK(scale.device() == x.device(), "x and scale must be on the same device, got ",
+              x.device(), " and ", scale.device());
+  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
+}
+
 }  // namespace
 
 std::vector<at::Tensor> focused_linear_attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -173,14 +185,7 @@ bool compiled_with_cuda() {
 }
 
 at::Tensor focus_forward(const at::Tensor& x, const at::Tensor& scale, double p, double eps) {
-  TORCH_CHECK(x.dim() == 2, "focus_forward expects x of shape (rows, C), got ", x.sizes());
-  check_float(x, "x");
-  check_float(scale, "scale");
-  TORCH_CHECK(scale.numel() == x.size(1), "scale must have C = ", x.size(1),
-              " entries, got shape ", scale.sizes());
-  TORCH_CHECK(scale.device() == x.device(), "x and scale must be on the same device, got ",
-              x.device(), " and ", scale.device());
-  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
+  check_focus(x, scale, p, "focus_forward");
   auto xc = x.contiguous();
   auto sc = scale.reshape({-1}).contiguous();
 #ifdef WITH_CUDA
@@ -193,15 +198,8 @@ at::Tensor focus_forward(const at::Tensor& x, const at::Tensor& scale, double p,
 
 std::vector<at::Tensor> focus_backward(const at::Tensor& gy, const at::Tensor& x,
                                        const at::Tensor& scale, double p, double eps) {
-  TORCH_CHECK(x.dim() == 2, "focus_backward expects x of shape (rows, C), got ", x.sizes());
-  check_float(x, "x");
+  check_focus(x, scale, p, "focus_backward");
   check_grad(gy, x, x.sizes());
-  check_float(scale, "scale");
-  TORCH_CHECK(scale.numel() == x.size(1), "scale must have C = ", x.size(1),
-              " entries, got shape ", scale.sizes());
-  TORCH_CHECK(scale.device() == x.device(), "x and scale must be on the same device, got ",
-              x.device(), " and ", scale.device());
-  TORCH_CHECK(p > 0, "focusing factor must be positive, got ", p);
   auto gyc = gy.to(at::toOpMathType(x.scalar_type())).contiguous();
   auto xc = x.contiguous();
   auto sc = scale.reshape({-1}).contiguous();
