@@ -81,6 +81,7 @@ def test_seg_checkpoint_in_mmsegs_own_test_script(seg_run, e2e_shapes, tmp_path)
     assert 'mIoU' in last_metrics(work)
 
 
+@pytest.mark.slow  # 60 s; dist_train.sh's two gloo ranks: test_tools_cli, test_dist_cpu
 def test_two_process_distributed_training(e2e_shapes, tmp_path):
     work = str(tmp_path / 'dist')
     out = run(['bash', 'tools/dist_train.sh', DET_CFG, '2', '--work-dir', work, '--cfg-options']
