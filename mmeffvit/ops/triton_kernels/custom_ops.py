@@ -17,8 +17,8 @@ from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads 
 from . import linear_attention as kv_first
 from . import query_grid_conv as grid_conv
 from . import window_attention as window
-from .focused_linear_attention import (launch_backward, launch_forward, num_splits, padded,
-                                       state_layout)
+from .focused_linear_attention import (launch_backward, launch_forward, padded, state_layout,
+                                       token_splits)
 
 
 @torch.library.custom_op('mmeffvit::focused_linear_attention', mutates_args=())
@@ -220,7 +220,7 @@ linear_attention.register_autograd(_kv_first_backward, setup_context=_kv_first_s
 def _forward_cost(q, k, v, scale, heads, *_):
     """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
     there are several, pass 2; two products of ``D×E`` per token and head."""
-    launches = 2 + (num_splits(k.shape[1]) > 1)
+    launches = 2 + (token_splits(k.shape[1])[0] > 1)
     return launches, 2 * heads * (k.shape[1] + q.shape[1]) * (q.shape[2] // heads) * (
         v.shape[2] // heads) * q.shape[0]
 
@@ -228,7 +228,7 @@ def _forward_cost(q, k, v, scale, heads, *_):
 def _backward_cost(grad, q, k, v, scale, state, heads, *_):
     """The query pass (and its partial sums), the key pass, a focus pass for q and one for k,
     the scale gradient's sum; four products of ``D×E`` per token and head."""
-    launches = 5 + (num_splits(q.shape[1]) > 1)
+    launches = 5 + (token_splits(q.shape[1])[0] > 1)
     return launches, 4 * heads * (k.shape[1] + q.shape[1]) * (q.shape[2] // heads) * (
         v.shape[2] // heads) * q.shape[0]
 
@@ -257,21 +257,24 @@ def _grid_forward_cost(attn, weight, bias, stride, out_h, out_w):
 
 def _grid_backward_cost(grad, attn, weight, stride, out_h, out_w, need_attn, need_weight,
                         need_bias):
-    """The scores' gradient; the weight's partial sums and their sum; the bias' sum and cast."""
+    """The scores' gradient; the weight's partial sums and their sum; the bias' sum; each sum
+    cast to a weight that is not fp32."""
     _, flops = _grid_forward_cost(attn, weight, None, stride, out_h, out_w)
-    return need_attn + 2 * need_weight + 2 * need_bias, flops * (need_attn + need_weight)
+    per_sum = 1 + (weight.dtype != torch.float32)
+    return need_attn + need_weight * (1 + per_sum) + need_bias * per_sum, flops * (
+        need_attn + need_weight)
 
 
 def _kv_first_forward_cost(q, k, v, temperature, *_):
     """Pass 1, the partial states' sum where there are several, pass 2."""
     b, h, n_q, d = q.shape
-    return 2 + (num_splits(k.shape[2]) > 1), 2 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
+    return 2 + (token_splits(k.shape[2])[0] > 1), 2 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
 
 
 def _kv_first_backward_cost(grad, q, k, v, temperature, *_):
     """The query pass (and its partial sums), the key pass, the temperature's sum."""
     b, h, n_q, d = q.shape
-    launches = 2 + (num_splits(n_q) > 1) + (temperature is not None)
+    launches = 2 + (token_splits(n_q)[0] > 1) + (temperature is not None)
     return launches, 4 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
 
 

@@ -119,7 +119,8 @@ def focus_backward_rows(x_ptr, sxn, sxc, g_ptr, sgn, sgc, dx_ptr, sdn, sdc, s_pt
         x = tl.load(x_ptr + rows[:, None] * sxn + cols[None, :] * sxc, mask=mask, other=0.0)
         g = tl.load(g_ptr + rows[:, None] * sgn + cols[None, :] * sgc, mask=mask,
                     other=0.0).to(tl.float32)
-        sigma = softplus(tl.load(s_ptr + cols, mask=col_mask, other=0.0).to(tl.float32))
+        s = tl.load(s_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        sigma = softplus(s)
         t_safe = tl.where(mask, t, 1.0)
         dt = ((g * direct[:, None] - through_b[:, None] * u) * (p * u / t_safe)
               + through_a[:, None] * t)
@@ -127,6 +128,5 @@ def focus_backward_rows(x_ptr, sxn, sxc, g_ptr, sgn, sgc, dx_ptr, sdn, sdc, s_pt
         dx = tl.where(x > 0, dt / sigma[None, :], 0.0)
         tl.store(dx_ptr + rows[:, None] * sdn + cols[None, :] * sdc,
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        s = tl.load(s_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         tl.store(ds_ptr + cols, tl.sum(-dt * t, axis=0) / sigma * softplus_grad(s),
                  mask=col_mask)

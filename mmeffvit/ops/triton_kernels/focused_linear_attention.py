@@ -46,9 +46,18 @@ def dot_setup(dtype):
     return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), 'ieee'
 
 
-def num_splits(n):
-    """Partial states of pass 1: one per ``TOKENS_PER_SPLIT`` keys, at most ``MAX_SPLITS``."""
-    return max(1, min(MAX_SPLITS, triton.cdiv(n, TOKENS_PER_SPLIT)))
+def token_splits(n):
+    """``(splits, tokens per split)`` of a pass that sums over ``n`` tokens in partial sums:
+    one per ``TOKENS_PER_SPLIT`` tokens (at most ``MAX_SPLITS``), each a whole number of
+    ``BLOCK_TOKENS`` blocks."""
+    splits = max(1, min(MAX_SPLITS, triton.cdiv(n, TOKENS_PER_SPLIT)))
+    per_split = triton.cdiv(triton.cdiv(n, splits), BLOCK_TOKENS) * BLOCK_TOKENS
+    return triton.cdiv(n, per_split), per_split
+
+
+def summed(parts):
+    """The partial sums ``(programs, splits, width)`` summed over the splits (a view for one)."""
+    return parts[:, 0] if parts.shape[1] == 1 else parts.sum(1)
 
 
 @triton.jit
@@ -245,9 +254,7 @@ def launch_forward(q, k, v, scale, heads, focusing_factor, focus_eps, eps, resid
     d, e, d_pad, e_pad = state_layout(c, ce, heads)
     dot_dtype, precision = dot_setup(q.dtype)
     p_int = integer_power(focusing_factor)
-    splits = num_splits(n)
-    per_split = triton.cdiv(triton.cdiv(n, splits), BLOCK_TOKENS) * BLOCK_TOKENS
-    splits = triton.cdiv(n, per_split)
+    splits, per_split = token_splits(n)
     width = d_pad * e_pad + d_pad
     parts = torch.empty(b * heads, splits, width, device=q.device, dtype=torch.float32)
     scale = scale.reshape(-1)
@@ -256,7 +263,7 @@ def launch_forward(q, k, v, scale, heads, focusing_factor, focus_eps, eps, resid
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         P_INT=p_int, D=d, E=e, D_PAD=d_pad, E_PAD=e_pad, BLOCK_N=BLOCK_TOKENS, BLOCK_C=BLOCK_C,
         DOT_DTYPE=dot_dtype, PRECISION=precision)
-    state = parts[:, 0] if splits == 1 else parts.sum(1)
+    state = summed(parts)
     out = torch.empty(b, n_q, ce, device=q.device, dtype=q.dtype)
     r = out if residual is None else residual
     _apply_kernel[(b * heads, triton.cdiv(n_q, BLOCK_TOKENS))](
@@ -279,9 +286,7 @@ def launch_backward(grad, q, k, v, scale, state, heads, focusing_factor, focus_e
     common = dict(P_INT=p_int, D=d, E=e, D_PAD=d_pad, E_PAD=e_pad, BLOCK_C=BLOCK_C,
                   DOT_DTYPE=dot_dtype, PRECISION=precision)
     scale = scale.reshape(-1)
-    splits = num_splits(n_q)
-    per_split = triton.cdiv(triton.cdiv(n_q, splits), BLOCK_TOKENS) * BLOCK_TOKENS
-    splits = triton.cdiv(n_q, per_split)
+    splits, per_split = token_splits(n_q)
     parts = torch.empty(b * heads, splits, d_pad * e_pad + d_pad, device=q.device,
                         dtype=torch.float32)
     dphi_q = torch.empty(b, n_q, c, device=q.device, dtype=torch.float32)
@@ -289,7 +294,7 @@ def launch_backward(grad, q, k, v, scale, state, heads, focusing_factor, focus_e
         q, scale, state, grad, dphi_q, parts, n_q, c, heads, per_split, focus_eps, eps,
         focusing_factor, q.stride(0), q.stride(1), q.stride(2),
         grad.stride(0), grad.stride(1), grad.stride(2), BLOCK_M=BLOCK_TOKENS, **common)
-    dstate = parts[:, 0] if splits == 1 else parts.sum(1)
+    dstate = summed(parts)
     dphi_k = torch.empty(b, n, c, device=q.device, dtype=torch.float32)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     _grad_key_kernel[(b * heads, triton.cdiv(n, BLOCK_TOKENS))](

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .focused_linear_attention import (BLOCK_TOKENS, dot_setup, load_state, num_splits, padded,
-                                       store_state)
+from .focused_linear_attention import (BLOCK_TOKENS, dot_setup, load_state, padded, store_state,
+                                       summed, token_splits)
 
 
 @triton.jit
@@ -159,25 +159,19 @@ def _layout(q, v):
     return b, h, d, e, padded(d), padded(e)
 
 
-def _splits(tokens):
-    splits = num_splits(tokens)
-    per_split = triton.cdiv(triton.cdiv(tokens, splits), BLOCK_TOKENS) * BLOCK_TOKENS
-    return triton.cdiv(tokens, per_split), per_split
-
-
 def launch_forward(q, k, v, temperature, mode, eps, clamp_min):
     """``(B, h, N, e)`` in the dtype of q and the packed fp32 state for the backward."""
     b, h, d, e, d_pad, e_pad = _layout(q, v)
     n_q, n = q.shape[2], k.shape[2]
     dot_dtype, precision = dot_setup(q.dtype)
-    splits, per_split = _splits(n)
+    splits, per_split = token_splits(n)
     parts = torch.empty(b * h, splits, d_pad * e_pad + d_pad, device=q.device,
                         dtype=torch.float32)
     _state_kernel[(b * h, splits)](
         k, v, parts, n, h, per_split, 1.0 / n if mode == 0 else 1.0, *k.stride(), *v.stride(),
         D=d, E=e, D_PAD=d_pad, E_PAD=e_pad, BLOCK_N=BLOCK_TOKENS, DOT_DTYPE=dot_dtype,
         PRECISION=precision)
-    state = parts[:, 0] if splits == 1 else parts.sum(1)
+    state = summed(parts)
     out = torch.empty(b, h, n_q, e, device=q.device, dtype=q.dtype)
     _apply_kernel[(b * h, triton.cdiv(n_q, BLOCK_TOKENS))](
         q, state, q if temperature is None else temperature, out, n_q, h, eps, clamp_min,
@@ -192,7 +186,7 @@ def launch_backward(grad, q, k, v, temperature, state, mode, eps, clamp_min):
     n_q, n = q.shape[2], k.shape[2]
     dot_dtype, precision = dot_setup(q.dtype)
     common = dict(D=d, E=e, D_PAD=d_pad, E_PAD=e_pad, DOT_DTYPE=dot_dtype, PRECISION=precision)
-    splits, per_split = _splits(n_q)
+    splits, per_split = token_splits(n_q)
     parts = torch.empty(b * h, splits, d_pad * e_pad + d_pad + 1, device=q.device,
                         dtype=torch.float32)
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -200,7 +194,7 @@ def launch_backward(grad, q, k, v, temperature, state, mode, eps, clamp_min):
         q, state, q if temperature is None else temperature, grad, dq, parts, n_q, h,
         per_split, eps, clamp_min, *q.stride(), *grad.stride(), MODE=mode,
         HAS_TEMP=temperature is not None, BLOCK_M=BLOCK_TOKENS, **common)
-    dstate = parts[:, 0] if splits == 1 else parts.sum(1)
+    dstate = summed(parts)
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     _grad_key_kernel[(b * h, triton.cdiv(n, BLOCK_TOKENS))](
