@@ -54,3 +54,15 @@ def test_query_grid_conv_gradcheck():
     bias = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, w, b: ops.query_grid_conv(a, w, b, 2, (3, 2)),
                                     (attn, weight, bias))
+
+
+def test_query_grid_conv_rejects_mismatched_shapes():
+    """Checked before any path: a weight whose input heads are not the scores' would be read
+    out of bounds by the Triton kernel."""
+    attn, weight = torch.randn(1, 2, 4, 4, 3), torch.randn(3, 2, 2, 2)
+    for args, message in [((attn, weight[:, :1]), 'square'), ((attn[0], weight), 'scores'),
+                          ((attn, weight[..., :1]), 'square')]:
+        with pytest.raises(ValueError, match=message):
+            ops.query_grid_conv(*args, None, 2, (2, 2))
+    with pytest.raises(ValueError, match='bias must have shape'):
+        ops.query_grid_conv(attn, weight, torch.zeros(2), 2, (2, 2))

@@ -81,13 +81,17 @@ def test_entry_point_selects_triton_only_when_it_applies():
             out = ops.window_attention(q, k, v, mask, bias=bias)
         assert seen.names == ['mmeffvit.window_attention']
         assert _relative(out, expected) < TOL[torch.float32]
-        for kwargs in (dict(dropout=0.1), dict(bias=bias[..., :-1, :-1])):  # not taken
+        # not taken: dropout, a mis-sized bias, fewer keys than queries (SDPA's case)
+        for kwargs in (dict(dropout=0.1), dict(bias=bias[..., :-1, :-1])):
             with _OpNames() as seen:
                 try:
                     ops.window_attention(q, k, v, None, **kwargs)
                 except RuntimeError:  # the mis-sized bias fails in SDPA, as it should
                     pass
             assert 'mmeffvit.window_attention' not in seen.names
+        with _OpNames() as seen:
+            fewer = ops.window_attention(q, k[:, :, :20], v[:, :, :20])
+        assert 'mmeffvit.window_attention' not in seen.names and fewer.shape[1] == q.shape[2]
 
 
 def test_fake_cuda_windows_are_one_launch_each_way():

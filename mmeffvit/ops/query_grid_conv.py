@@ -120,7 +120,14 @@ def query_grid_conv(attn, weight, bias, stride, out_hw):
     ``mmeffvit::query_grid_conv``, one launch that reads every tap in place (``k·k·in``
     multiply-adds over strided slices otherwise).
     """
-    if attn.dim() == 5 and triton_selected(attn, weight, *([] if bias is None else [bias])):
+    if attn.dim() != 5 or weight.dim() != 4 or weight.shape[1] != attn.shape[1] or (
+            weight.shape[2] != weight.shape[3]):
+        raise ValueError(f'query_grid_conv expects scores (B, in, Hq, Wq, Nk) and a square '
+                         f'(out, in, k, k) weight, got {tuple(attn.shape)} and '
+                         f'{tuple(weight.shape)}')
+    if bias is not None and tuple(bias.shape) != (weight.shape[0], ):
+        raise ValueError(f'bias must have shape ({weight.shape[0]}, ), got {tuple(bias.shape)}')
+    if triton_selected(attn, weight, *([] if bias is None else [bias])):
         return torch.ops.mmeffvit.query_grid_conv(attn, weight, bias, int(stride),
                                                   int(out_hw[0]), int(out_hw[1]))
     if compiling():  # the compiler plans the memory that _QueryGridConv saves

@@ -258,10 +258,13 @@ def _per_image(mask, windows, images):
 def _triton_applies(q, k, v, bias, mask, dropout):
     """Whether :func:`window_attention` runs the Triton op: selected by the policy (see
     :func:`mmeffvit.ops.triton_kernels.selected`), no dropout, one dtype, windows of at most
-    256 tokens, and bias and mask floating ``(BW | 1, h | 1, n, n)`` terms."""
+    256 tokens, keys and values for each query (``(BW, h, n, ·)``; other shapes go to SDPA,
+    which takes or refuses them), and bias and mask floating ``(BW | 1, h | 1, n, n)`` terms."""
     bw, h, n, _ = q.shape
     terms = [t for t in (bias, mask) if t is not None]
     if dropout or n > 256 or not q.dtype == k.dtype == v.dtype:
+        return False
+    if k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         return False
     if any(t.dim() != 4 or t.shape[0] not in (1, bw) or t.shape[1] not in (1, h)
            or t.shape[2:] != (n, n) or not t.is_floating_point() for t in terms):
