@@ -225,6 +225,13 @@ def reference_ops(enabled=True):
     return use_reference() if enabled else contextlib.nullcontext()
 
 
+def _fused(modules, name):
+    """Whether module ``name`` is one of its parent's ``fused_modules`` (parameter holders
+    whose parameters an op of the parent reads)."""
+    parent, _, child = name.rpartition('.')
+    return child in getattr(modules.get(parent), 'fused_modules', ())
+
+
 def analyze(model, inputs, count_elementwise=False, use_reference_ops=True):
     """Trace ``model(*inputs)`` once (eval mode, no autograd) and count its MACs.
 
@@ -256,11 +263,13 @@ def analyze(model, inputs, count_elementwise=False, use_reference_ops=True):
     finally:
         model.train(was_training)
     modules = dict(model.named_modules())
-    # modules without own parameters (Identity, Dropout, DropPath...) trace no operators
+    # modules without own parameters (Identity, Dropout, DropPath...) trace no operators;
+    # a parent's ``fused_modules`` hold parameters that an op reads without calling them
     uncalled = sorted(
         name for name in uncalled
         if name in modules and any(True for _ in modules[name].parameters())
-        and not any(name.startswith(other + '.') for other in uncalled))
+        and not any(name.startswith(other + '.') for other in uncalled)
+        and not _fused(modules, name))
     return ComplexityReport(
         macs=int(by_module.get('', 0)), params=count_params(model),
         input_shape=tuple(inputs[0].shape), by_operator={k: int(v) for k, v in

@@ -26,7 +26,8 @@ and :func:`mlp` (a transformer MLP that stores its pre-activation only in traini
 :func:`mlp_residual` (a block's pre-norm MLP half, in place by row blocks in CPU inference),
 :func:`layer_norm` (``F.layer_norm``, optionally in fp32 under autocast),
 :func:`split_heads` (a fused projection's per-head views, whose backward may write over it),
-:func:`query_grid_conv` (LaViT's attention-residual conv over a score map's query grid).
+:func:`query_grid_conv` (LaViT's attention-residual conv over a score map's query grid),
+:func:`stripe_attention` (one branch of CSWin's cross-shaped window attention with its LePE).
 """
 from .attention import attention, masked_softmax, scored_attention, softmax_values
 from .depthwise_conv import (depthwise_conv, depthwise_conv3x3_gelu, depthwise_conv3x3_gelu_ref,
@@ -40,6 +41,7 @@ from .norm import layer_norm
 from .linear_attention import linear_attention, linear_attention_ref
 from .policy import KernelPolicy, use_kernels, use_reference
 from .query_grid_conv import query_grid_conv, query_grid_conv_reference
+from .stripe_attention import stripe_attention
 from .window_attention import (gathered_window_attention, gathered_window_attention_ref,
                                window_attention, window_attention_ref)
 
@@ -55,5 +57,5 @@ __all__ = [
     'window_attention',
     'window_attention_ref',
     'gathered_window_attention', 'gathered_window_attention_ref', 'KernelPolicy', 'use_kernels',
-    'use_reference', 'query_grid_conv', 'query_grid_conv_reference'
+    'use_reference', 'query_grid_conv', 'query_grid_conv_reference', 'stripe_attention'
 ]

@@ -1,15 +1,12 @@
 """FLatten-CSWin: CSWin Transformer with focused linear attention (FLatten, ICCV 2023, sec. 5)."""
-import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ... import ops
 from ...registry import register_model
 from ...utils import map_to_tokens, tokens_to_contiguous_map, tokens_to_map
-from ...utils.geometry_cache import GeometryCache
 from ..layers import DepthwiseConv2d, FocusedLinearAttention, LayerNormFP32, pad_to_multiple
 from ..layers.linear import Linear, Mlp, mlp_residual
 from .base import EffBackbone, check_stage_args, resolve_arch
@@ -57,8 +54,8 @@ class LePEAttention(nn.Module):
     the attention output.
 
     Any ``H×W``: the map is zero-padded at the bottom/right to a multiple of the stripe width where
-    stripes need it, padded keys are ignored by the softmax (:func:`mmeffvit.ops.attention` with
-    the stripes' real tokens, :meth:`valid_tokens`) and the output is cropped. Because padded v
+    stripes need it, padded keys are ignored by the softmax and the output is cropped
+    (:func:`mmeffvit.ops.stripe_attention`). Because padded v
     is zero too, a real token's output is exactly what a shorter last stripe (with the conv's
     own zero padding at its edge) gives;
     ``tests/test_flatten_cswin.py`` checks this against an unpadded, stripe-by-stripe reference.
@@ -72,6 +69,8 @@ class LePEAttention(nn.Module):
         attn_drop (float): Dropout on the attention weights.
     """
 
+    fused_modules = ('get_v', )  # its weight and bias are read by the op, it is not called
+
     def __init__(self, embed_dims, num_heads, split_size, idx, qk_scale=None, attn_drop=0.):
         super().__init__()
         if idx not in (-1, 0, 1):
@@ -84,7 +83,6 @@ class LePEAttention(nn.Module):
         self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
         self.get_v = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
         self.attn_drop = nn.Dropout(attn_drop)
-        self._mask_cache = GeometryCache(maxsize=8)  # padding masks (run-time, not state)
 
     def window_shape(self, hw):
         """Stripe window ``(wh, ww)`` on a map of ``hw``."""
@@ -93,64 +91,14 @@ class LePEAttention(nn.Module):
             return h, w
         return (h, self.split_size) if self.idx == 0 else (self.split_size, w)
 
-    def valid_tokens(self, hw, device):
-        """``(nW, n)`` bool, True at the real tokens of each stripe window of an image (None
-        when the map needs no padding), cached per geometry; every stripe starts inside the
-        map, so each keeps at least one real token."""
-        h, w = hw
-        wh, ww = self.window_shape(hw)
-        pad_h, pad_w = (-h) % wh, (-w) % ww
-        if not (pad_h or pad_w):
-            return None
-
-        def build():  # on the host: a table of the geometry alone
-            real = (np.arange(h + pad_h) < h)[:, None] & (np.arange(w + pad_w) < w)[None, :]
-            real = real.reshape((h + pad_h) // wh, wh, (w + pad_w) // ww, ww)
-            real = real.transpose(0, 2, 1, 3).reshape(-1, wh * ww)
-            return torch.from_numpy(np.ascontiguousarray(real)).to(device)
-        return self._mask_cache((h, w, device), build)
-
-    def forward(self, q, k, v, hw, out=None):
+    def forward(self, q, k, v, hw):
         """Args: q, k, v ``(B, H*W, C)`` (views into the block's ``qkv`` are fine); hw
-        ``(H, W)``; out: optional ``(B, H*W, C)`` view (the block's channel slice) the result is
-        written into. Returns ``(B, H*W, C)`` (``out`` when given).
-
-        Stripes are cut straight from the ``(B, H, W, C)`` view of each tensor, heads split in
-        the same reshape (one copy, none for unpadded horizontal / whole-map stripes), and
-        attended by :func:`mmeffvit.ops.attention` on their real tokens.
-        """
-        b, _, c = q.shape
-        h, w = hw
-        wh, ww = self.window_shape(hw)
-        pad_h, pad_w = (-h) % wh, (-w) % ww
-        hp, wp = h + pad_h, w + pad_w
-        gh, gw = hp // wh, wp // ww
-        nh, d, n = self.num_heads, c // self.num_heads, wh * ww
-
-        def stripes(t):  # (B, H*W, C) -> (B·nW, wh, ww, C), windows row-major
-            t = t.view(b, h, w, c)
-            if pad_h or pad_w:
-                t = F.pad(t, (0, 0, 0, pad_w, 0, pad_h))
-            t = t.reshape(b, gh, wh, gw, ww, c).transpose(2, 3)
-            return t.reshape(b * gh * gw, wh, ww, c)
-
-        def heads(t):  # (B', wh, ww, C) -> (B', nh, n, d), channel = head * d + j
-            return t.reshape(-1, n, nh, d).transpose(1, 2)
-
-        qw, kw, vw = stripes(q), stripes(k), stripes(v)
-        # channels-last view: zeros beyond the map act as the conv's own padding at an edge
-        lepe = self.get_v(vw.permute(0, 3, 1, 2))
+        ``(H, W)``. Returns ``(B, H*W, C)``: :func:`mmeffvit.ops.stripe_attention` in this
+        branch's windows with its LePE."""
         drop = self.attn_drop.p if self.training else 0.
-        att = ops.attention(heads(qw), heads(kw), heads(vw), scale=self.scale,
-                            valid=self.valid_tokens(hw, q.device), dropout=drop)
-        att = att.transpose(1, 2).reshape(-1, wh, ww, c)
-        # (B', wh, ww, C) + LePE -> (B, gh, wh, gw, ww, C) -> crop: one copy into the output
-        res = att + lepe.permute(0, 2, 3, 1).to(att.dtype)
-        res = res.reshape(b, gh, gw, wh, ww, c).transpose(2, 3).reshape(b, hp, wp, c)[:, :h, :w]
-        if out is None:
-            return res.reshape(b, h * w, c)
-        out.view(b, h, w, c).copy_(res)
-        return out
+        return ops.stripe_attention(q, k, v, hw, self.window_shape(hw), self.num_heads,
+                                    self.get_v.weight, self.get_v.bias, scale=self.scale,
+                                    dropout=drop)
 
 
 class LePEFocusedLinearAttention(FocusedLinearAttention):
@@ -217,11 +165,10 @@ class FLattenCSWinBlock(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         if len(self.attns) == 1:
             out = self.attns[0](q, k, v, hw)
-        else:  # each branch writes its channel half of one output (no cat)
+        else:  # vertical stripes on the first half of the channels, horizontal on the second
             half = x.shape[-1] // 2
-            out = q.new_empty(q.shape)
-            for attn, sl in zip(self.attns, (slice(0, half), slice(half, None))):
-                attn(q[..., sl], k[..., sl], v[..., sl], hw, out=out[..., sl])
+            out = torch.cat([attn(q[..., sl], k[..., sl], v[..., sl], hw) for attn, sl in
+                             zip(self.attns, (slice(0, half), slice(half, None)))], dim=-1)
         x = x + self.drop_path(self.proj(out))
         return mlp_residual(x, self.norm2, self.mlp, self.drop_path, owned=True)
 
