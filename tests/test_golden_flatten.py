@@ -169,7 +169,7 @@ def test_fill_rule_reproduces_stored_weights(name):
 @pytest.mark.slow
 def test_stage_outputs_match_official_on_the_triton_kernels(golden):
     """The same records in fp32 with the Triton kernels selected (interpreted without a GPU):
-    the focused linear and windowed attentions on ``mmeffvit::`` ops, within fp32 tolerance
+    the focused linear, windowed and stripe attentions on ``mmeffvit::`` ops, within fp32 tolerance
     of the official float64 outputs."""
     from mmeffvit import ops
     from mmeffvit.analysis.kernel_count import KernelCounter
@@ -180,6 +180,8 @@ def test_stage_outputs_match_official_on_the_triton_kernels(golden):
     with ops.use_kernels(required=False, triton=True), KernelCounter() as counter:
         tokens = stage_tokens(model, image)
     assert counter.count.by_op['mmeffvit.focused_linear_attention'] > 0
+    if 'cswin' in name.lower():  # its stripes on their op too
+        assert counter.count.by_op['mmeffvit.stripe_attention'] > 0
     for i, (ours, ref) in enumerate(zip(tokens, record['stages'])):
         ours = ours.double().flatten()[::record['stride']] if record['full_size'] else ours
         torch.testing.assert_close(ours.double(), ref, rtol=1e-4, atol=1e-4,

@@ -7,9 +7,10 @@ conv on v inside each window (its zero padding at the window's edges) added to t
 A map that the windows do not tile is zero-padded at its bottom / right: padded keys are
 ignored, padded v is zero, so each real token's output is what a shorter last stripe gives.
 
-Paths: the Triton op ``mmeffvit::stripe_attention`` where the policy selects Triton (q, k, v
-read in place by index arithmetic, LePE fused, one launch), else the composed path: stripes
-cut by reshapes, :func:`~mmeffvit.ops.attention` on their real tokens, the conv.
+Paths: the Triton op ``mmeffvit::stripe_attention`` where the policy selects Triton and no
+attention dropout is asked for (q, k, v read in place by index arithmetic, LePE fused: one
+launch forward, three backward), else the composed path: stripes cut by reshapes,
+:func:`~mmeffvit.ops.attention` on their real tokens, the conv, the crop.
 """
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from ..utils.geometry_cache import GeometryCache
 from .attention import attention
+from .triton_kernels import selected as triton_selected
 
 _valid_cache = GeometryCache(maxsize=16)
 
@@ -115,4 +117,8 @@ def stripe_attention(q, k, v, hw, window, heads, weight, bias=None, *, scale=Non
     _check(q, k, v, hw, window, heads, weight, bias)
     if scale is None:
         scale = (q.shape[-1] // heads) ** -0.5
+    lepe = [weight] if bias is None else [weight, bias]
+    if not dropout and triton_selected(q, k, v, *lepe):
+        return torch.ops.mmeffvit.stripe_attention(q, k, v, weight, bias, *hw, *window, heads,
+                                                   float(scale))[0]
     return _composed(q, k, v, hw, window, heads, weight, bias, scale, dropout)

@@ -7,6 +7,7 @@ backward op, which recomputes the focused features instead of keeping them.
 ``mmeffvit::window_attention_backward`` recomputes the probabilities.
 ``mmeffvit::query_grid_conv`` (+ ``_backward``): LaViT's attention-residual conv.
 ``mmeffvit::linear_attention`` (+ ``_backward``): kv-first attention on mapped features.
+``mmeffvit::stripe_attention`` (+ ``_backward``): a branch of CSWin's stripe attention with LePE.
 """
 from typing import Optional, Tuple
 
@@ -16,6 +17,7 @@ from torch import Tensor
 from .focused_linear_attention import interpreting  # noqa: F401 (runs_on reads it here)
 from . import linear_attention as kv_first
 from . import query_grid_conv as grid_conv
+from . import stripe_attention as stripes
 from . import window_attention as window
 from .focused_linear_attention import (launch_backward, launch_forward, padded, state_layout,
                                        token_splits)
@@ -217,6 +219,58 @@ def _kv_first_backward(ctx, grad, grad_state):
 linear_attention.register_autograd(_kv_first_backward, setup_context=_kv_first_setup_context)
 
 
+@torch.library.custom_op('mmeffvit::stripe_attention', mutates_args=())
+def stripe_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Optional[Tensor],
+                     height: int, width: int, window_h: int, window_w: int, heads: int,
+                     scale: float) -> Tuple[Tensor, Tensor]:
+    """Softmax attention in ``window_h × window_w`` windows of the map plus LePE (see
+    :mod:`.stripe_attention`): q, k, v ``(B, H·W, C)`` of one floating dtype, LePE's weight
+    ``(C, 1, 3, 3)`` and bias ``(C,)``. Returns ``(B, H·W, C)`` and the fp32 log-sum-exp."""
+    return stripes.launch_forward(q, k, v, weight, bias, (height, width), (window_h, window_w),
+                                  heads, scale)
+
+
+@stripe_attention.register_fake
+def _(q, k, v, weight, bias, height, width, window_h, window_w, heads, scale):
+    _, windows, n = stripes.geometry((height, width), (window_h, window_w))
+    lse = q.new_empty(q.shape[0] * windows * heads, n, dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
+@torch.library.custom_op('mmeffvit::stripe_attention_backward', mutates_args=())
+def stripe_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
+                              lse: Tensor, height: int, width: int, window_h: int, window_w: int,
+                              heads: int, scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and LePE's gradients ``(C, 10)`` fp32 (nine taps, then the bias)."""
+    return stripes.launch_backward(grad, q, k, v, weight, lse, (height, width),
+                                   (window_h, window_w), heads, scale)
+
+
+@stripe_attention_backward.register_fake
+def _(grad, q, k, v, weight, lse, height, width, window_h, window_w, heads, scale):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(q.shape[2], 10, dtype=torch.float32))
+
+
+def _stripe_setup_context(ctx, inputs, output):
+    q, k, v, weight, bias, *geometry = inputs
+    ctx.save_for_backward(q, k, v, weight, output[1])
+    ctx.geometry = geometry
+    ctx.has_bias = bias is not None
+
+
+def _stripe_backward(ctx, grad, grad_lse):
+    q, k, v, weight, lse = ctx.saved_tensors
+    dq, dk, dv, lepe = torch.ops.mmeffvit.stripe_attention_backward(
+        grad, q, k, v, weight, lse, *ctx.geometry)
+    dweight = lepe[:, :9].reshape(weight.shape).to(weight.dtype)
+    dbias = lepe[:, 9].to(weight.dtype) if ctx.has_bias else None
+    return (dq, dk, dv, dweight, dbias) + (None, ) * 6
+
+
+stripe_attention.register_autograd(_stripe_backward, setup_context=_stripe_setup_context)
+
+
 def _forward_cost(q, k, v, scale, heads, *_):
     """Kernel launches and FLOPs of the forward: pass 1, the sum of the partial states where
     there are several, pass 2; two products of ``D×E`` per token and head."""
@@ -278,6 +332,23 @@ def _kv_first_backward_cost(grad, q, k, v, temperature, *_):
     return launches, 4 * b * h * (k.shape[2] + n_q) * d * v.shape[-1]
 
 
+def _stripe_forward_cost(q, k, v, weight, bias, height, width, window_h, window_w, heads,
+                         scale):
+    """One launch; the scores and the weighted sum over each whole window, LePE's taps."""
+    _, windows, n = stripes.geometry((height, width), (window_h, window_w))
+    b, tokens, c = q.shape
+    return 1, 4 * b * windows * n * n * c + 18 * b * tokens * c
+
+
+def _stripe_backward_cost(grad, q, k, v, weight, lse, height, width, window_h, window_w, heads,
+                          scale):
+    """The query kernel (the output again, dq, LePE's partial sums), the key kernel (dk, dv),
+    the partial sums' reduction; nine products of the window's scores with the heads."""
+    _, windows, n = stripes.geometry((height, width), (window_h, window_w))
+    b, tokens, c = q.shape
+    return 3, 18 * b * windows * n * n * c + 36 * b * tokens * c
+
+
 #: ``name -> f(*args) -> (kernel launches, FLOPs)`` of each op, for the kernel counter
 COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
          'mmeffvit.focused_linear_attention_backward': _backward_cost,
@@ -286,4 +357,6 @@ COSTS = {'mmeffvit.focused_linear_attention': _forward_cost,
          'mmeffvit.query_grid_conv': _grid_forward_cost,
          'mmeffvit.query_grid_conv_backward': _grid_backward_cost,
          'mmeffvit.linear_attention': _kv_first_forward_cost,
-         'mmeffvit.linear_attention_backward': _kv_first_backward_cost}
+         'mmeffvit.linear_attention_backward': _kv_first_backward_cost,
+         'mmeffvit.stripe_attention': _stripe_forward_cost,
+         'mmeffvit.stripe_attention_backward': _stripe_backward_cost}
