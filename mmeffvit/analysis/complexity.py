@@ -41,7 +41,8 @@ from mmengine.analysis.jit_handles import (addmm_flop_jit, bmm_flop_jit, conv_fl
 NO_MAC_OPS = frozenset([
     # arithmetic and activations
     'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_', 'aten::rsub', 'aten::mul', 'aten::mul_',
-    'aten::div', 'aten::div_', 'aten::reciprocal', 'aten::pow', 'aten::sqrt', 'aten::rsqrt',
+    'aten::addcmul', 'aten::div', 'aten::div_', 'aten::reciprocal', 'aten::pow', 'aten::sqrt',
+    'aten::rsqrt',
     'aten::exp', 'aten::log', 'aten::log2', 'aten::neg', 'aten::abs', 'aten::sign', 'aten::erf',
     'aten::sin', 'aten::cos', 'aten::ceil', 'aten::round', 'aten::clamp_min', 'aten::clamp_max',
     'aten::minimum', 'aten::maximum', 'aten::sigmoid', 'aten::sigmoid_', 'aten::tanh',

@@ -51,16 +51,16 @@ class TokenMixer(nn.Module):
         """Linear attention of the global slice ``x`` ``(B, m, H, W)``; heads own consecutive
         channel groups (channel ``c`` belongs to head ``c // head_dims``)."""
         b, c, h, w = x.shape
-        q, k = self.qk(x).chunk(2, dim=1)
+        qk = self.qk(x)
 
         def heads(t):
             return t.reshape(b, c // self.head_dims, self.head_dims, h * w).transpose(-2, -1)
 
         with torch.autocast(device_type=x.device.type, enabled=False):
-            q = F.elu(heads(at_least_fp32(q))) + 1.0
-            k = F.elu(heads(at_least_fp32(k))) + 1.0
-            out = ops.linear_attention(q, k, heads(at_least_fp32(x)), normalizer='mean',
-                                       eps=1e-6)
+            # the ELU+1 kernel on q and k at once
+            q, k = (F.elu(at_least_fp32(qk)) + 1.0).chunk(2, dim=1)
+            out = ops.linear_attention(heads(q), heads(k), heads(at_least_fp32(x)),
+                                       normalizer='mean', eps=1e-6)
         return out.transpose(-2, -1).reshape(b, c, h, w).to(x.dtype)
 
     def forward(self, x):
@@ -126,7 +126,8 @@ class CAREBlock(nn.Module):
         y = self.inter_layer(*self.token_mixer(x))
         if self.last:
             return self.drop_path(y)
-        return x + self.drop_path(y * self.gamma.reshape(1, -1, 1, 1))
+        # DropPath scales each sample, so it commutes with γ: x + γ ⊙ y in one op
+        return torch.addcmul(x, self.drop_path(y), self.gamma.reshape(1, -1, 1, 1))
 
 
 class Downsample(nn.Sequential):
