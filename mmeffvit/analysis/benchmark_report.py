@@ -132,6 +132,10 @@ def _md_table(header, rows, align=None):
 _GEMM_NAMES = {'onednn': 'oneDNN', 'aten': 'MKL'}  # mmeffvit.ops.policy's cpu_gemm
 
 
+def _images(batch):
+    return 'one image' if batch == 1 else f'{batch} images'
+
+
 def _machine_lines(data):
     mach = data['machine']
     isa = f" ({mach['cpu_capability']} kernels of ATen)" if 'cpu_capability' in mach else ''
@@ -145,7 +149,9 @@ def _machine_lines(data):
                  f"{', torch.compile' if data['options'].get('compile') else ''}"
                  + (f"; mmeffvit's linear layers on "
                     f"{_GEMM_NAMES.get(mach['linear_kernel'], mach['linear_kernel'])}'s GEMM"
-                    if 'linear_kernel' in mach else ''))
+                    if 'linear_kernel' in mach else '')
+                 + ("; mmeffvit's Triton kernels selected (`MMEFFVIT_TRITON=1`)"
+                    if mach.get('triton') else ''))
     lines.append(f"- torch {mach.get('torch', '?')}, mmengine {mach.get('mmengine', '?')}, "
                  f"mmcv {mach.get('mmcv', '?')}, mmdet {mach.get('mmdet', '?')}, "
                  f"Python {mach.get('python', '?')}; mmeffvit compiled ops: "
@@ -168,6 +174,7 @@ def _header(data, title, intro):
 def _method_lines(data):
     opts = data['options']
     isolated = opts['isolate'] == 'measurement'
+    batch = opts.get('backbone_batch', 1)  # runs before it had one image
     unit = 'one per backbone, mode, shape and round' if isolated else 'one per backbone and round'
     return [
         '## Method', '',
@@ -178,10 +185,13 @@ def _method_lines(data):
         'go round-robin over the backbones, so a change of machine load hits them alike. '
         f"Each child runs {opts['warmup']} untimed warm-up step(s) at the main shape "
         f"({opts['sweep_warmup']} elsewhere) and {opts['reps']} timed one(s); min and median are "
-        'over all rounds. Input: one image `1×3×H×W`, random, the same for every backbone. '
-        '*Inference*: eval mode, `torch.no_grad()`. *Training step*: train mode, forward, sum of '
-        'all outputs (plus the auxiliary losses a backbone computes in training, LaViT\'s L_DP), '
-        'backward; no optimiser. Backbones are built with their detection-config arguments '
+        f"over all rounds. Input: {_images(batch)} `{batch}×3×H×W`, random, the same for every "
+        'backbone. *Inference*: eval mode, `torch.no_grad()`. *Training step*: train mode, '
+        'forward, sum of all outputs (plus the auxiliary losses a backbone computes in training, '
+        'LaViT\'s L_DP), backward; '
+        + ('AdamW step (lr 1e-4, weight decay 0.05, as the detection configs)'
+           if opts.get('optimizer') == 'adamw' else 'no optimiser')
+        + '. Backbones are built with their detection-config arguments '
         '(drop path included), random weights. Memory allocator: as the tools use it '
         '(`mmeffvit/utils/allocator.py`): children that only run inference keep freed memory '
         'for reuse (glibc `mallopt`, as `tools/test.py`), training children keep glibc\'s '
@@ -518,7 +528,8 @@ def plot_sweep(data, plot_dir, rel_to):
                           + (f'\nhollow: {sizes} (off the line, next to '
                              f'{shape_label(main)})' if off_line else ''))
         opts = data['options']
-        fig.suptitle(f"{fig_name} vs input size, batch 1, {opts['device']} {opts['dtype']}, "
+        fig.suptitle(f"{fig_name} vs input size, batch {opts.get('backbone_batch', 1)}, "
+                     f"{opts['device']} {opts['dtype']}, "
                      f"{data['machine'].get('threads', '?')} threads")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         path = osp.join(plot_dir, f'{fig_name}.png')

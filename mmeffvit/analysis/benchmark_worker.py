@@ -16,12 +16,10 @@ Memory:
 * ``rss_peak``: ``ru_maxrss`` of the child, its resident-set high-water mark (imports included);
   a measure of its own only when the child ran this one job (``--isolate measurement``).
 """
-import contextlib
 import math
 import os
 import resource
 import statistics
-import sys
 import time
 import traceback
 from collections import Counter, defaultdict
@@ -30,6 +28,10 @@ import numpy as np
 import torch
 
 from ..utils.allocator import retain_freed_memory
+from .backbone_step import autocast as _autocast
+from .backbone_step import backbone_step as _backbone_step
+from .backbone_step import build_case, quiet as _quiet, time_once as _time_once
+from .kernel_profile import profile_kernels
 
 
 def _set_threads(threads):
@@ -46,48 +48,10 @@ def _max_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def _sync(device):
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def _time_once(fn, device):
-    """Seconds of one call: CUDA events on a GPU, the wall clock on a CPU."""
-    if device.type == 'cuda':
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _walk(nodes):
     for node in nodes:
         yield node
         yield from _walk(node.children)
-
-
-@contextlib.contextmanager
-def _quiet(fd):
-    """Silence a file descriptor (2: kineto's start/stop lines, printed from C++ on every
-    profiled run; 1: the weight-initialisation log of the toolboxes)."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = os.dup(fd)
-    try:
-        with open(os.devnull, 'w') as null:
-            os.dup2(null.fileno(), fd)
-            yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os.dup2(saved, fd)
-        os.close(saved)
 
 
 def profiled_alloc_peak(fn):
@@ -117,48 +81,6 @@ def _tensor_bytes(tensors):
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
-
-
-def build_case(case):
-    """The backbone of a case dict (``scope``: 'mmeffvit' or 'mmdet'; ``cfg``: its config)."""
-    import copy
-    if case['scope'] == 'mmdet':
-        import mmdet.models  # noqa: F401  registers mmdet's backbones
-        from mmdet.registry import MODELS
-    else:
-        import mmeffvit  # noqa: F401
-        from mmeffvit.registry import MODELS
-    torch.manual_seed(0)
-    model = MODELS.build(copy.deepcopy(case['cfg']))
-    if hasattr(model, 'init_weights'):
-        with _quiet(1):
-            model.init_weights()
-    return model
-
-
-def _autocast(device, dtype):
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-
-
-def _backbone_step(model, run, x, mode, device, dtype):
-    """A closure that runs one inference (``infer``) or one training step (``train``)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def infer():
-        with torch.no_grad(), _autocast(device, dtype):
-            run(x)
-
-    def train():
-        for p in params:
-            p.grad = None
-        with _autocast(device, dtype):
-            outs = run(x)
-            loss = sum(o.float().sum() for o in outs)
-            # backbones that compute auxiliary losses in training (LaViT's L_DP) pay for them
-            aux = model.aux_losses() if hasattr(model, 'aux_losses') else {}
-            loss = loss + sum(v for v in aux.values())
-        loss.backward()
-    return infer if mode == 'infer' else train
 
 
 def _measure(step, device, warmup, reps, static_bytes, before_profile=None):
@@ -201,10 +123,11 @@ def measure_backbone(job, opts):
     model.train(job['mode'] == 'train')
     run = torch.compile(model) if opts.get('compile') else model
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 3, *job['shape'], generator=generator).to(device)
+    x = torch.randn(job.get('batch', 1), 3, *job['shape'], generator=generator).to(device)
     static = _tensor_bytes(list(model.parameters()) + list(model.buffers()) + [x])
     rss_base = _rss_bytes()
-    result = _measure(_backbone_step(model, run, x, job['mode'], device, dtype), device,
+    step = _backbone_step(model, run, x, job['mode'], device, dtype, opts.get('optimizer'))
+    result = _measure(step, device,
                       job['warmup'], job['reps'], static,
                       before_profile=lambda: model.zero_grad(set_to_none=True))
     result.update(params=sum(p.numel() for p in model.parameters()), rss_base=rss_base)
@@ -280,6 +203,7 @@ def machine_info(job, opts):
     from mmeffvit.ops.policy import policy
     info['cpu_capability'] = policy().cpu_capability
     info['linear_kernel'] = policy().cpu_gemm  # chosen by the ISA: runs differ by machine
+    info['triton'] = policy().triton
     if opts['device'].startswith('cuda'):
         props = torch.cuda.get_device_properties(0)
         info['gpu'] = f'{props.name}, {props.total_memory / 2**30:.0f} GiB'
@@ -531,7 +455,8 @@ def profile_step(job, opts):
 
 
 KINDS = dict(backbone=measure_backbone, gemm=measure_gemm, macs=count_macs,
-             machine=machine_info, detector=measure_detector, profile=profile_step)
+             machine=machine_info, detector=measure_detector, profile=profile_step,
+             kernels=profile_kernels)
 
 
 def run_jobs(conn, jobs, opts):

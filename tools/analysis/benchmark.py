@@ -143,7 +143,7 @@ def parse_args(argv=None):
     p.add_argument('--cases', default='all', help=f'comma-separated, from: {", ".join(CASES)}')
     p.add_argument('--no-peers', action='store_true', help='do not add the softmax peers')
     p.add_argument('--config', nargs='+', help='detector / segmentor mode: config file(s)')
-    p.add_argument('--batch', type=int, default=2, help='images per step (--config mode)')
+    p.add_argument('--batch', type=int, help='images per step (default 1, --config mode 2)')
     p.add_argument('--shape', type=parse_shape, help='main input HxW (default 800x1333)')
     p.add_argument('--sweep', nargs='+', help="input sizes of the sweep, or 'none' "
                    '(default 512 800x1333 1024 1536; the main shape is always included)')
@@ -159,6 +159,8 @@ def parse_args(argv=None):
     p.add_argument('--dtype', default='fp32', choices=sorted(DTYPES),
                    help='autocast dtype (fp32: none)')
     p.add_argument('--compile', action='store_true', help='torch.compile the backbone')
+    p.add_argument('--optimizer', choices=['none', 'adamw'], default='none',
+                   help="training steps end with the detection configs' AdamW step (adamw)")
     p.add_argument('--isolate', choices=['measurement', 'case'],
                    help='one child per measurement (default on CPU: separate RSS peaks) or per '
                    'case and round (default on CUDA: peaks from max_memory_allocated)')
@@ -181,6 +183,10 @@ def parse_args(argv=None):
                    'the machine was shared); with --from-json it replaces the stored one')
     args = p.parse_args(argv)
     args.dtype = DTYPES[args.dtype]
+    if args.batch is None:
+        args.batch = 2 if args.config else 1
+    if args.batch < 1:
+        p.error('--batch must be >= 1')
     quick = QUICK if args.quick else {}
     args.shape = args.shape or quick.get('shape', DEFAULT_SHAPE)
     if args.sweep is None:
@@ -339,8 +345,9 @@ def build_schedule(args):
                 for mode in args.modes:
                     job = dict(kind='detector' if args.config else 'backbone', name=unit,
                                shape=shape, mode=mode, round=r, warmup=warmup, reps=args.reps)
+                    job['batch'] = args.batch
                     if args.config:
-                        job.update(config=unit, batch=args.batch)
+                        job['config'] = unit
                     else:
                         scope, cfg, _ = CASES[unit]
                         job['case'] = dict(scope=scope, cfg=cfg)
@@ -415,6 +422,8 @@ def describe(job, result):
         what = f"torch {result['torch']}, {result['threads']} threads"
     elif job['kind'] == 'profile':
         what = f"{result['warm_s']:.2f} s, {result['profiled_s']:.2f} s profiled"
+    elif job['kind'] == 'kernels':
+        what = f"{result['step_ms']:.1f} ms, {result['launches']} {result['kind']}"
     else:
         what = (f"{min(result['times']):.3f} s, alloc peak {result['alloc_peak'] / 2**20:.0f} "
                 f"MiB, peak RSS {result['rss_peak'] / 2**20:.0f} MiB")
@@ -437,7 +446,8 @@ def command_line(argv, script=__file__):
 
 def measure(args, argv):
     opts = dict(device=args.device, dtype=args.dtype, compile=args.compile,
-                threads=args.threads, mem_limit_gib=args.mem_limit_gib)
+                threads=args.threads, mem_limit_gib=args.mem_limit_gib,
+                optimizer=args.optimizer)
     preload = ['torch', 'numpy', 'mmeffvit', 'mmdet.models',
                'mmeffvit.analysis.benchmark_worker']
     if args.config:
@@ -453,6 +463,8 @@ def measure(args, argv):
                              sweep_rounds=args.sweep_rounds, warmup=args.warmup,
                              sweep_warmup=args.sweep_warmup, reps=args.reps,
                              isolate=args.isolate, batch=args.batch, configs=args.config,
+                             optimizer=args.optimizer,
+                             backbone_batch=None if args.config else args.batch,
                              mem_limit_gib=args.mem_limit_gib,
                              malloc_env=malloc_setting()),
                 machine=host_info(), main_shape=list(args.shape),
