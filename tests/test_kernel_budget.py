@@ -130,3 +130,41 @@ def test_the_count_sees_the_unhooked_paths():
 
     count_backbone(Probe(), shape=(2, 4), batch=1)
     assert seen == [False, False]
+
+
+@pytest.mark.parametrize('dtype,mask,head_dims,expected', [
+    (torch.bfloat16, None, (32, 32), {'aten._scaled_dot_product_flash_attention': 1}),
+    (torch.float16, None, (30, 30), {'aten._scaled_dot_product_flash_attention': 1}),
+    (torch.float32, None, (32, 32), {'aten._scaled_dot_product_efficient_attention': 1}),
+    (torch.bfloat16, 'float', (32, 32), {'aten._scaled_dot_product_efficient_attention': 1}),
+    (torch.bfloat16, 'bool', (32, 32), {'aten.full_like': 1, 'aten.masked_fill_': 1,
+                                        'aten._scaled_dot_product_efficient_attention': 1}),
+    (torch.bfloat16, None, (40, 32), {'aten._scaled_dot_product_efficient_attention': 1}),
+    (torch.float32, None, (30, 30), None),  # no fused kernel: the math path
+])
+def test_sdpa_counts_the_kernel_a_gpu_would_choose(dtype, mask, head_dims, expected):
+    """Fake CUDA tensors on a machine without a GPU: flash without a mask in 16 bits,
+    memory-efficient with a mask, fp32 or a value head of its own size, math otherwise."""
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mmeffvit.analysis.kernel_count import FusedSDPAChoice, KernelCounter
+    if torch.cuda.is_available():
+        pytest.skip('a GPU makes its own choice')
+    d, e = head_dims
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 64, d, device='cuda', dtype=dtype)
+        k = torch.empty(2, 3, 80, d, device='cuda', dtype=dtype)
+        v = torch.empty(2, 3, 80, e, device='cuda', dtype=dtype)
+        attn_mask = {None: None,
+                     'float': torch.empty(2, 1, 64, 80, device='cuda', dtype=dtype),
+                     'bool': torch.empty(1, 1, 1, 80, device='cuda', dtype=torch.bool)}[mask]
+        with FusedSDPAChoice(), KernelCounter() as counter:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    assert out.shape == (2, 3, 64, e) and out.dtype == dtype
+    by_op = dict(counter.count.by_op)
+    if expected is None:
+        assert 'aten.bmm' in by_op and not any('_scaled_dot_product_' in o for o in by_op)
+    else:
+        assert by_op == expected
+    assert counter.count.flops == 2 * 2 * 3 * 64 * 80 * (d + e)  # q·kᵀ and the weighted sum

@@ -21,15 +21,20 @@ choose their CUDA branches) on a machine without a GPU. A
   stop at the first one, and so does the count (the operator and its caller are reported).
 
 bf16 is counted by casting the model and the input (CUDA autocast switches itself off where
-no GPU is present).
+no GPU is present). Where no GPU is present ``F.scaled_dot_product_attention`` on fake CUDA
+tensors would take its math path (its backend choice asks the device); :class:`FusedSDPAChoice`
+makes the choice an sm80+ GPU makes instead (flash, then memory-efficient, then math).
 """
 import collections
 import dataclasses
 import traceback
 
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException, FakeTensorMode)
+                                           DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode)
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -79,7 +84,7 @@ def _caller():
         if '/mmeffvit/' in frame.filename and '/analysis/' not in frame.filename:
             return f'{frame.filename.split("/mmeffvit/", 1)[1]}:{frame.lineno}'
     for frame in reversed(frames):
-        if '/torch/' not in frame.filename:
+        if '/torch/' not in frame.filename and frame.filename != __file__:
             return f'{frame.filename}:{frame.lineno}'
     return '?'
 
@@ -119,12 +124,57 @@ class KernelCounter(TorchDispatchMode):
         return out
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+    """``F.scaled_dot_product_attention`` on fake CUDA tensors through the fused kernel an sm80+
+    GPU would choose (PyTorch's ``sdp_utils`` rules, the main ones): flash for 16-bit inputs
+    without a mask and one head size ≤ 256; memory-efficient for fp32 / 16-bit inputs whose
+    head sizes are multiples of 8 (16-bit) or 4 (fp32), a mask allowed (a boolean one is first
+    turned into an additive one, as SDPA does); None where neither applies (math path)."""
+    tensors = (query, key, value)
+    if (enable_gqa or not all(isinstance(t, FakeTensor) and t.device.type == 'cuda'
+                              and t.dim() == 4 and t.stride(-1) == 1 for t in tensors)
+            or query.shape[-1] != key.shape[-1]):
+        return None
+    d, e = query.shape[-1], value.shape[-1]
+    if attn_mask is None and query.dtype in _HALF and d == e <= 256:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    align = 8 if query.dtype in _HALF else 4
+    if query.dtype not in _HALF + (torch.float32, ) or d % align or e % align:
+        return None
+    bias = attn_mask
+    if bias is not None:
+        if bias.dtype == torch.bool:  # two kernels, as SDPA's own conversion
+            bias = torch.full_like(bias, float('-inf'), dtype=query.dtype).masked_fill_(bias, 0.)
+        bias = bias.expand(*query.shape[:-1], key.shape[-2])
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, torch.is_grad_enabled(), dropout_p, is_causal, scale=scale)[0]
+
+
+class FusedSDPAChoice(TorchFunctionMode):
+    """Inside it, ``F.scaled_dot_product_attention`` on fake CUDA tensors runs the fused kernel
+    a GPU would choose (:func:`fused_sdpa`); a no-op where a GPU is present (its own choice
+    applies)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and not torch.cuda.is_available():
+            out = fused_sdpa(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
 def _run_counted(fn):
     """The count of ``fn()``, stopped at the first data-dependent operator where the fake
     tensors cannot go on."""
     counter = KernelCounter()
     try:
-        with counter:
+        with FusedSDPAChoice(), counter:
             fn()
     except Exception as err:  # noqa: BLE001 (data-dependent shapes end a fake run)
         if not counter.count.data_dependent:

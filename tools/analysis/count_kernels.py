@@ -73,6 +73,8 @@ def table(rows, shape, batch):
         'products and convolutions; *×peer*: kernels over those of the softmax backbone users '
         'would otherwise pick (the peer on the same policy); *Triton*: with the Triton kernels '
         'selected (`MMEFFVIT_TRITON=1`; a Triton op counts its launches); '
+        '`F.scaled_dot_product_attention` counts the fused kernel an sm80+ GPU would choose '
+        '(flash, memory-efficient, else the math path); '
         '*data-dependent*: where the forward needs tensor data on the host (its count stops '
         'there, marked ≥).', '',
         '| backbone | peer | eval fp32 kernels | ×peer | train fp32 kernels | eval bf16 kernels '
