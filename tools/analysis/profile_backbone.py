@@ -174,19 +174,26 @@ def render(data, top):
     return lines + [END]
 
 
-def write(data, out, top):
-    generated = '\n'.join(render(data, top))
-    text = None
+def write_section(out, generated, start, end, fresh):
+    """``generated`` (from ``start`` to ``end``) in place of that section of ``out``, text
+    around it kept; ``fresh(text)`` gives the file where the section is not there yet."""
+    text = ''
     if osp.exists(out):
         with open(out, encoding='utf-8') as f:
             text = f.read()
-    if text and START in text and END in text:
-        before, rest = text.split(START, 1)
-        text = before + generated + rest.split(END, 1)[1]
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        text = before + generated + rest.split(end, 1)[1]
     else:
-        text = '# Profiles of the backbones\n\n' + generated + '\n'
+        text = fresh(text)
     with open(out, 'w', encoding='utf-8') as f:
         f.write(text)
+
+
+def write(data, out, top):
+    generated = '\n'.join(render(data, top))
+    write_section(out, generated, START, END,
+                  lambda _: '# Profiles of the backbones\n\n' + generated + '\n')
 
 
 def main(argv=None):

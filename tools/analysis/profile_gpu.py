@@ -29,6 +29,7 @@ if TOOL_DIR not in sys.path:
     sys.path.insert(0, TOOL_DIR)
 
 import benchmark  # noqa: E402
+from profile_backbone import write_section  # noqa: E402
 
 START, END = '<!-- gpu-profiles:start -->', '<!-- gpu-profiles:end -->'
 
@@ -139,18 +140,9 @@ def render(data, top):
 
 def write(data, out, top):
     generated = '\n'.join(render(data, top))
-    text = ''
-    if osp.exists(out):
-        with open(out, encoding='utf-8') as f:
-            text = f.read()
-    if START in text and END in text:
-        before, rest = text.split(START, 1)
-        text = before + generated + rest.split(END, 1)[1]
-    else:
-        text = (text.rstrip('\n') + '\n\n' if text else '') + (
-            '## Kernels per step on the GPU, profiled\n\n' + generated + '\n')
-    with open(out, 'w', encoding='utf-8') as f:
-        f.write(text)
+    write_section(out, generated, START, END, lambda text: (
+        (text.rstrip('\n') + '\n\n' if text else '')
+        + '## Kernels per step on the GPU, profiled\n\n' + generated + '\n'))
 
 
 def main(argv=None):

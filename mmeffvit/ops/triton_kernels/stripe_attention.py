@@ -32,6 +32,17 @@ def _tokens(t, win, gw, H, W, n, WH: tl.constexpr, WW: tl.constexpr):
 
 
 @triton.jit
+def _neighbour(t, row, col, real, dy, dx, W, H, WH: tl.constexpr, WW: tl.constexpr):
+    """Map token index of the neighbour ``(dy, dx)`` away from each token ``t``, and whether
+    it is inside the window and the map (LePE's zero padding elsewhere)."""
+    lr = t // WW + dy
+    lc = t % WW + dx
+    ok = (real & (lr >= 0) & (lr < WH) & (lc >= 0) & (lc < WW) & (row + dy < H)
+          & (col + dx < W))
+    return (row + dy) * W + col + dx, ok
+
+
+@triton.jit
 def _lepe(v_ptr, svn, svc, w_ptr, t, row, col, real, cols, col_mask, W, H,
           WH: tl.constexpr, WW: tl.constexpr, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
     """``Σ_taps v[neighbour] · weight[tap]`` of tokens ``t`` (fp32), neighbours inside the
@@ -39,11 +50,7 @@ def _lepe(v_ptr, svn, svc, w_ptr, t, row, col, real, cols, col_mask, W, H,
     acc = tl.zeros([BLOCK, D_PAD], dtype=tl.float32)
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
-            lr = t // WW + ky - 1
-            lc = t % WW + kx - 1
-            ok = (real & (lr >= 0) & (lr < WH) & (lc >= 0) & (lc < WW) & (row + ky - 1 < H)
-                  & (col + kx - 1 < W))
-            nb = (row + ky - 1) * W + col + kx - 1
+            nb, ok = _neighbour(t, row, col, real, ky - 1, kx - 1, W, H, WH, WW)
             v = tl.load(v_ptr + nb[:, None] * svn + cols[None, :] * svc,
                         mask=ok[:, None] & col_mask[None, :], other=0.0)
             w = tl.load(w_ptr + cols * 9 + ky * 3 + kx, mask=col_mask, other=0.0)
@@ -163,11 +170,7 @@ def _query_kernel(q_ptr, k_ptr, v_ptr, g_ptr, lse_ptr, delta_ptr, dq_ptr, part_p
     part = part_ptr + ((b * nw + win) * tl.num_programs(1) + tl.program_id(1)) * (heads * D * 10)
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
-            lr = t // WW + ky - 1
-            lc = t % WW + kx - 1
-            ok = (real & (lr >= 0) & (lr < WH) & (lc >= 0) & (lc < WW) & (row + ky - 1 < H)
-                  & (col + kx - 1 < W))
-            nb = (row + ky - 1) * W + col + kx - 1
+            nb, ok = _neighbour(t, row, col, real, ky - 1, kx - 1, W, H, WH, WW)
             v = tl.load(v_ptr + nb[:, None] * svn + cols[None, :] * svc,
                         mask=ok[:, None] & col_mask[None, :], other=0.0)
             tl.store(part + cols * 10 + ky * 3 + kx, tl.sum(g * v.to(tl.float32), axis=0),
@@ -212,11 +215,7 @@ def _key_kernel(q_ptr, k_ptr, v_ptr, g_ptr, w_ptr, lse_ptr, delta_ptr, dk_ptr, d
     # LePE's term: the output at (row - dy, col - dx) took this v with tap (dy, dx)
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
-            lr = t // WW - ky + 1
-            lc = t % WW - kx + 1
-            ok = (real & (lr >= 0) & (lr < WH) & (lc >= 0) & (lc < WW) & (row - ky + 1 < H)
-                  & (col - kx + 1 < W))
-            nb = (row - ky + 1) * W + col - kx + 1
+            nb, ok = _neighbour(t, row, col, real, 1 - ky, 1 - kx, W, H, WH, WW)
             g = tl.load(g_ptr + nb[:, None] * sgn + cols[None, :] * sgc,
                         mask=ok[:, None] & col_mask[None, :], other=0.0)
             w = tl.load(w_ptr + cols * 9 + ky * 3 + kx, mask=col_mask, other=0.0)
