@@ -32,6 +32,13 @@ def _tokens(t, win, gw, H, W, n, WH: tl.constexpr, WW: tl.constexpr):
 
 
 @triton.jit
+def _rows(ptr, tok, sn, cols, sc, real, col_mask):
+    """One head's columns of tokens ``tok`` (zero where not ``real``)."""
+    return tl.load(ptr + tok[:, None] * sn + cols[None, :] * sc,
+                   mask=real[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _neighbour(t, row, col, real, dy, dx, W, H, WH: tl.constexpr, WW: tl.constexpr):
     """Map token index of the neighbour ``(dy, dx)`` away from each token ``t``, and whether
     it is inside the window and the map (LePE's zero padding elsewhere)."""
@@ -51,8 +58,7 @@ def _lepe(v_ptr, svn, svc, w_ptr, t, row, col, real, cols, col_mask, W, H,
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
             nb, ok = _neighbour(t, row, col, real, ky - 1, kx - 1, W, H, WH, WW)
-            v = tl.load(v_ptr + nb[:, None] * svn + cols[None, :] * svc,
-                        mask=ok[:, None] & col_mask[None, :], other=0.0)
+            v = _rows(v_ptr, nb, svn, cols, svc, ok, col_mask)
             w = tl.load(w_ptr + cols * 9 + ky * 3 + kx, mask=col_mask, other=0.0)
             acc += v.to(tl.float32) * w.to(tl.float32)[None, :]
     return acc
@@ -67,9 +73,8 @@ def _attend(q, k_ptr, v_ptr, skn, skc, svn, svc, win, gw, H, W, n, cols, col_mas
     for j0 in range(0, n, BLOCK_N):
         t = j0 + tl.arange(0, BLOCK_N)
         _, _, tok, real = _tokens(t, win, gw, H, W, n, WH, WW)
-        kv_mask = real[:, None] & col_mask[None, :]
-        k = tl.load(k_ptr + tok[:, None] * skn + cols[None, :] * skc, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + tok[:, None] * svn + cols[None, :] * svc, mask=kv_mask, other=0.0)
+        k = _rows(k_ptr, tok, skn, cols, skc, real, col_mask)
+        v = _rows(v_ptr, tok, svn, cols, svc, real, col_mask)
         s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
         s = tl.where(real[None, :], s * scale, float('-inf'))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -105,8 +110,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, w_ptr, bias_ptr, o_ptr, lse_ptr, H, W, 
     v_ptr += b * svb
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row, col, tok, real = _tokens(t, win, gw, H, W, n, WH, WW)
-    q = tl.load(q_ptr + tok[:, None] * sqn + cols[None, :] * sqc,
-                mask=real[:, None] & col_mask[None, :], other=0.0)
+    q = _rows(q_ptr, tok, sqn, cols, sqc, real, col_mask)
     # finite start: a block of keys all padding leaves the running max finite
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -140,9 +144,8 @@ def _query_kernel(q_ptr, k_ptr, v_ptr, g_ptr, lse_ptr, delta_ptr, dq_ptr, part_p
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row, col, tok, real = _tokens(t, win, gw, H, W, n, WH, WW)
     mask = real[:, None] & col_mask[None, :]
-    q = tl.load(q_ptr + tok[:, None] * sqn + cols[None, :] * sqc, mask=mask, other=0.0)
-    g = tl.load(g_ptr + tok[:, None] * sgn + cols[None, :] * sgc, mask=mask,
-                other=0.0).to(tl.float32)
+    q = _rows(q_ptr, tok, sqn, cols, sqc, real, col_mask)
+    g = _rows(g_ptr, tok, sgn, cols, sgc, real, col_mask).to(tl.float32)
     lse = tl.load(lse_ptr + pid * n + t, mask=t < n, other=0.0)
     # the attention output again, as the forward computed it
     m_i, l_i, acc = _attend(q, k_ptr, v_ptr, skn, skc, svn, svc, win, gw, H, W, n, cols,
@@ -156,9 +159,8 @@ def _query_kernel(q_ptr, k_ptr, v_ptr, g_ptr, lse_ptr, delta_ptr, dq_ptr, part_p
     for j0 in range(0, n, BLOCK_N):
         tk = j0 + tl.arange(0, BLOCK_N)
         _, _, tok_k, real_k = _tokens(tk, win, gw, H, W, n, WH, WW)
-        kv_mask = real_k[:, None] & col_mask[None, :]
-        k = tl.load(k_ptr + tok_k[:, None] * skn + cols[None, :] * skc, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + tok_k[:, None] * svn + cols[None, :] * svc, mask=kv_mask, other=0.0)
+        k = _rows(k_ptr, tok_k, skn, cols, skc, real_k, col_mask)
+        v = _rows(v_ptr, tok_k, svn, cols, svc, real_k, col_mask)
         s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
         p = tl.where(real_k[None, :], tl.exp(s * scale - lse[:, None]), 0.0)
         dp = tl.dot(g.to(DOT_DTYPE), tl.trans(v.to(DOT_DTYPE)), input_precision=PRECISION)
@@ -171,8 +173,7 @@ def _query_kernel(q_ptr, k_ptr, v_ptr, g_ptr, lse_ptr, delta_ptr, dq_ptr, part_p
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
             nb, ok = _neighbour(t, row, col, real, ky - 1, kx - 1, W, H, WH, WW)
-            v = tl.load(v_ptr + nb[:, None] * svn + cols[None, :] * svc,
-                        mask=ok[:, None] & col_mask[None, :], other=0.0)
+            v = _rows(v_ptr, nb, svn, cols, svc, ok, col_mask)
             tl.store(part + cols * 10 + ky * 3 + kx, tl.sum(g * v.to(tl.float32), axis=0),
                      mask=col_mask)
     tl.store(part + cols * 10 + 9, tl.sum(g, axis=0), mask=col_mask)
@@ -194,16 +195,15 @@ def _key_kernel(q_ptr, k_ptr, v_ptr, g_ptr, w_ptr, lse_ptr, delta_ptr, dk_ptr, d
     t = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row, col, tok, real = _tokens(t, win, gw, H, W, n, WH, WW)
     mask = real[:, None] & col_mask[None, :]
-    k = tl.load(k_ptr + tok[:, None] * skn + cols[None, :] * skc, mask=mask, other=0.0)
-    v = tl.load(v_ptr + tok[:, None] * svn + cols[None, :] * svc, mask=mask, other=0.0)
+    k = _rows(k_ptr, tok, skn, cols, skc, real, col_mask)
+    v = _rows(v_ptr, tok, svn, cols, svc, real, col_mask)
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     for i0 in range(0, n, BLOCK_M):
         tq = i0 + tl.arange(0, BLOCK_M)
         _, _, tok_q, real_q = _tokens(tq, win, gw, H, W, n, WH, WW)
-        q_mask = real_q[:, None] & col_mask[None, :]
-        q = tl.load(q_ptr + tok_q[:, None] * sqn + cols[None, :] * sqc, mask=q_mask, other=0.0)
-        g = tl.load(g_ptr + tok_q[:, None] * sgn + cols[None, :] * sgc, mask=q_mask, other=0.0)
+        q = _rows(q_ptr, tok_q, sqn, cols, sqc, real_q, col_mask)
+        g = _rows(g_ptr, tok_q, sgn, cols, sgc, real_q, col_mask)
         lse = tl.load(lse_ptr + pid * n + tq, mask=tq < n, other=0.0)
         delta = tl.load(delta_ptr + pid * n + tq, mask=tq < n, other=0.0)
         s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
@@ -216,8 +216,7 @@ def _key_kernel(q_ptr, k_ptr, v_ptr, g_ptr, w_ptr, lse_ptr, delta_ptr, dk_ptr, d
     for ky in tl.static_range(3):
         for kx in tl.static_range(3):
             nb, ok = _neighbour(t, row, col, real, 1 - ky, 1 - kx, W, H, WH, WW)
-            g = tl.load(g_ptr + nb[:, None] * sgn + cols[None, :] * sgc,
-                        mask=ok[:, None] & col_mask[None, :], other=0.0)
+            g = _rows(g_ptr, nb, sgn, cols, sgc, ok, col_mask)
             w = tl.load(w_ptr + cols * 9 + ky * 3 + kx, mask=col_mask, other=0.0)
             dv += g.to(tl.float32) * w.to(tl.float32)[None, :]
     out = (b * H * W + tok[:, None]) * (heads * D) + cols[None, :]
